@@ -1,0 +1,132 @@
+"""Generalised Advantage Estimation for VAPO: plain GAE, the length-adaptive lambda, and Decoupled-GAE.
+
+VAPO (Yue et al. 2025, arXiv 2504.05118) works on a token-level MDP: the state is prompt + response so far, the
+action is the next token, and the verifier gives one reward at the last response token. gamma = 1.
+
+Shapes, as everywhere in this project: B samples, T response tokens (right-padded). `rewards`, `values`,
+`mask`, `advantages`, `returns` are [B, T]; `mask[b, t]` is 1 on real response tokens; `values[b, t]` is
+V(s_t), the value of the state *before* response token t. Per-sample quantities (`lengths`, a per-sample
+lambda) are [B]. Pure tensor functions: this file imports only torch.
+"""
+from __future__ import annotations
+
+import torch
+
+# Block length of the scan in _discounted_reverse_cumsum. Any value gives the same numbers; 64 keeps the
+# [B, K, K] weight matrix small (512 x 64 x 64 floats = 8 MB) and the work per token at K multiply-adds.
+SCAN_BLOCK = 64
+
+
+def length_adaptive_lambda(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
+    """Length-adaptive lambda for the policy's GAE (VAPO section 3.2, Eq. 7).
+
+        lambda_policy = 1 - 1 / (alpha * l),   clamped to [0, 1]
+
+    chosen so that the effective horizon sum_t lambda^t = 1 / (1 - lambda) equals alpha * l: a long response
+    gets a lambda near 1 (little bias, the reward reaches early tokens), a short one a smaller lambda (less
+    variance). l = 100 gives 0.8 and l = 1000 gives 0.98 at the paper's alpha = 0.05. For alpha * l <= 1 the
+    formula is <= 0 and clamps to 0 (pure one-step TD); l = 0 (an empty response) gives 0, finite.
+
+    lengths: [B] response lengths (any numeric dtype). Returns [B] float32.
+    """
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    horizon = alpha * lengths.to(torch.float32)  # [B]; 0 for an empty response -> 1/0 = inf -> clamps to 0
+    return (1.0 - 1.0 / horizon).clamp(0.0, 1.0)
+
+
+def _check_right_padded(mask: torch.Tensor) -> None:
+    """GAE runs backwards from each response's last token; that needs every row to be 1...1 0...0."""
+    if mask.shape[-1] > 1 and (mask[:, 1:] > mask[:, :-1]).any():
+        raise ValueError("mask must be right-padded: each row ones then zeros, with no holes")
+
+
+def _discounted_reverse_cumsum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """y_t = sum_{k >= 0} c^k x_{t+k} for each row, with a per-row discount c in [0, 1].
+
+    Equivalent to the per-token loop `y_t = x_t + c * y_{t+1}` run backwards from y_T = 0, without a Python
+    iteration per token. Cut the T steps into blocks of K = SCAN_BLOCK:
+      1. inside every block at once, one batched matrix product: local_i = sum_{j >= i in block} c^(j-i) x_j;
+      2. the value at the start of each block obeys the same recursion one level up, Y_n = local_{n,0} +
+         c^K Y_{n+1}, so it is this same function on T / K numbers with discount c^K (recursion depth log_K T);
+      3. y_{n,i} = local_{n,i} + c^(K-i) Y_{n+1}: what reaches step i from the blocks after its own.
+    Every power has a non-negative exponent, so nothing overflows even for c = 0 (0^0 = 1 on the diagonal)
+    or T in the tens of thousands.
+
+    x: [B, T] float32, c: [B] float32. Returns [B, T] float32.
+    """
+    B, T = x.shape
+    K = min(SCAN_BLOCK, T)
+    n_blocks = -(-T // K)  # ceil
+    x = torch.nn.functional.pad(x, (0, n_blocks * K - T)).view(B, n_blocks, K)  # zeros after the end: no-op
+    i = torch.arange(K, device=x.device)
+    offset = (i[None, :] - i[:, None]).clamp(min=0)  # [K, K], offset[i, j] = j - i on and above the diagonal
+    W = torch.where(i[None, :] >= i[:, None], c[:, None, None] ** offset, 0.0)  # [B, K, K], W[i, j] = c^(j-i)
+    local = torch.matmul(x, W.transpose(1, 2))  # [B, n_blocks, K], sums inside each block
+    if n_blocks == 1:
+        return local.view(B, K)[:, :T]
+    starts = _discounted_reverse_cumsum(local[:, :, 0], c ** K)  # [B, n_blocks], y at each block's first step
+    after = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # [B, n_blocks], y at the next block's first step
+    reach = c[:, None] ** (K - i)[None, :]  # [B, K], c^(K-i)
+    y = local + after[:, :, None] * reach[:, None, :]  # [B, n_blocks, K]
+    return y.reshape(B, n_blocks * K)[:, :T]
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2015, arXiv 1506.02438; VAPO section 2, Eq. 3-4).
+
+        delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)
+        A_t     = sum_{k >= 0} (gamma * lambda)^k * delta_{t+k}
+        R_t     = A_t + V(s_t)            (the critic's target, "returns")
+
+    V(s_{t+1}) = 0 after the last real token: the response has ended, no reward is still to come, so the
+    terminal state is worth nothing whatever the critic would say about it. With gamma = lambda = 1 and a
+    single terminal reward R, R_t = R at every real token and A_t = R - V(s_t) (Monte-Carlo).
+
+    Everything under the mask (rewards, values of padding) is ignored and both outputs are exactly 0 there.
+    A row with no real token (an empty generation) gives all zeros. No whitening here: see
+    losses.masked_whiten. Accumulation is in float32 whatever the input dtype (bfloat16 values would lose
+    the small per-token deltas), and the outputs are float32. Outputs are targets: no gradient flows
+    through them, even if `values` requires grad.
+
+    rewards, values, mask: [B, T], mask right-padded (1 on real response tokens).
+    lam: a float, or a [B] tensor with one lambda per sample (the length-adaptive case).
+    Returns (advantages [B, T], returns [B, T]).
+    """
+    if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards, values, mask must all be [B, T]; got {tuple(rewards.shape)}, "
+                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+    _check_right_padded(mask)
+    B, T = rewards.shape
+    m = mask.to(torch.float32)  # [B, T]
+    r = rewards.detach().to(torch.float32) * m  # [B, T]; targets carry no gradient
+    v = values.detach().to(torch.float32) * m  # [B, T]
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=rewards.device).expand(B)  # [B]
+    if T == 0:
+        return r.clone(), r.clone()
+    next_v = torch.nn.functional.pad(v[:, 1:], (0, 1))  # [B, T], V(s_{t+1}); 0 past the end (and on padding)
+    delta = (r + gamma * next_v - v) * m  # [B, T]
+    advantages = _discounted_reverse_cumsum(delta, gamma * lam) * m  # [B, T]
+    returns = (advantages + v) * m  # [B, T]
+    return advantages, returns
+
+
+def decoupled_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                  lam_policy: float | torch.Tensor = 0.95,
+                  lam_critic: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled-GAE (VAPO section 3.2; from VC-PPO, arXiv 2503.01491): one lambda per consumer.
+
+        advantages = GAE(r, V; lambda = lam_policy).A        -> the policy gradient
+        returns    = GAE(r, V; lambda = lam_critic).A + V    -> the critic's regression targets
+
+    lam_critic = 1 makes the critic's targets unbiased Monte-Carlo returns (with gamma = 1 every token's
+    target is the final reward), so the reward signal reaches early tokens of long responses undecayed,
+    whatever the critic currently believes. A smaller lam_policy (a float or a [B] tensor, e.g. from
+    length_adaptive_lambda) trades some bias for lower-variance advantages.
+
+    rewards, values, mask: [B, T]. Returns (advantages [B, T], returns [B, T]), float32, 0 under the mask.
+    """
+    advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
+    _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
+    return advantages, returns
