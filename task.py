@@ -1,13 +1,78 @@
-"""The built-in task: a byte-level tokenizer, a ~1M-parameter Qwen2-style model, and (to come) the synthetic
-multi-step arithmetic task and its base model. Everything here is built locally: nothing is downloaded."""
+"""The built-in task: a byte-level tokenizer, a ~1M-parameter Qwen2-style model, a synthetic multi-step
+arithmetic task with a chain of thought, and the task's base model. Everything is built locally: nothing is
+downloaded.
+
+The task (one problem = one expression of single-digit terms, reduced one step per line):
+
+    prompt:    "Compute: 7+5-3+9\\n"
+    response:  "12-3+9\\n9+9\\nAnswer: 18"            (then EOS)
+
+Each line of the response applies the leftmost operation of the line before; the last step is written as
+`Answer: <integer>`, the form reward.py checks. With 1 to MAX_STEPS operations the responses run from 10 tokens
+(one step: "Answer: 12") to about 130 (ten steps), mean about 55: lengths grow quadratically with the number of
+steps, so the batch mixes short and long responses as VAPO's length-adaptive GAE expects.
+
+Why this task makes VAPO's three problems real:
+- heterogeneous lengths: see above;
+- sparse terminal reward: only the final `Answer:` line is checked, a slip in any step makes it wrong;
+- a value model that knows nothing: the critic starts from the warm-started policy's weights plus a fresh head.
+
+The base model is a short supervised warm start on *imperfect* demonstrations. Besides random slips
+(ERROR_PROB per step), the demonstrations have a systematic habit: when an addition crosses a multiple of ten,
+they usually (HABIT_PROB) forget the carry (17+5 -> 12). Greedy decoding follows the habit, so base accuracy is
+low under greedy decoding as well as under sampling, and falls with the number of steps; sampling at
+temperature 1 still takes the correct path on a carry step about 1 time in 4, which is what RL must find and
+reinforce. Each wrong step is carried into the next line, so the final answer is wrong.
+
+Held-out split: every expression belongs to exactly one split, "train" or "eval", by a hash of its text
+(EVAL_FRACTION of all expressions are "eval"), so training prompts and held-out prompts never overlap, whatever
+the seeds. The base model is trained on "train" expressions only.
+
+Entry points: `python task.py build [--out DIR]` builds the base model and prints its accuracy table;
+`python task.py eval [--model DIR]` prints accuracy by number of steps. Other code calls `ensure_base_model()`,
+which builds the model once into the cache (<repo>/.cache/arith-base-v1, or $VAPO_CACHE/arith-base-v1).
+"""
 from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
 
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 EOS = "<|endoftext|>"
 
+# --- the task ---------------------------------------------------------------------------------------------
+MIN_STEPS, MAX_STEPS = 1, 10  # operations per problem; response length grows with the square of this
+PROMPT_PREFIX = "Compute: "
+ANSWER_PREFIX = "Answer: "
+EVAL_FRACTION = 0.2  # share of all expressions reserved for held-out evaluation (by hash, see split_of)
+HABIT_PROB = 0.75  # P(forget the carry | the step is an addition crossing a multiple of ten), in demonstrations
+ERROR_PROB = 0.08  # P(a random slip of +-1 or +-2) on any step of a demonstration
+MAX_RESPONSE_TOKENS = 160  # generation budget: ten steps take about 130 tokens with EOS
 
+# --- the base model (supervised warm start) ---------------------------------------------------------------
+BASE_NAME = "arith-base-v1"  # bump when the task or the recipe changes, so stale caches are not reused
+BUILD_INFO = "build_info.json"
+SFT_STEPS = 600
+SFT_TOKENS_PER_BATCH = 6144  # batch size adapts to the sequence length of the step count drawn
+SFT_LR = 3e-3
+SFT_WARMUP = 30
+SFT_SEED = 0
+EVAL_SEED = 1  # seed of the held-out problems the build measures accuracy on
+EVAL_PER_STEP = 40  # held-out problems per step count in the build's accuracy table
+
+
+# --- tokenizer and model ----------------------------------------------------------------------------------
 def build_tokenizer() -> Qwen2Tokenizer:
     """A byte-level tokenizer with no merges: one token per byte (256) plus EOS, which is also the pad token.
 
@@ -37,3 +102,321 @@ def build_tiny_policy(tokenizer, seed: int = 0, **overrides) -> Qwen2ForCausalLM
     import torch
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(tiny_config(tokenizer, **overrides))
+
+
+# --- problems -----------------------------------------------------------------------------------------------
+def split_of(expr: str) -> str:
+    """"eval" for a fixed EVAL_FRACTION of all expressions, "train" for the rest (stable across runs and seeds)."""
+    h = int.from_bytes(hashlib.sha256(expr.encode()).digest()[:8], "big")
+    return "eval" if h % 10_000 < EVAL_FRACTION * 10_000 else "train"
+
+
+def make_problem(rng: random.Random, n_steps: int) -> dict:
+    """A random expression of n_steps + 1 single-digit terms joined by + and -.
+
+    The correct running value never goes below 0 (a '-' that would is turned into '+'), so the correct chain
+    has no negative numbers; wrong chains (the habit, slips) may. Returns {"prompt", "answer", "n_steps",
+    "expr"}: prompt is the exact model input, answer the gold integer as a string.
+    """
+    value = rng.randint(1, 9)
+    expr = str(value)
+    for _ in range(n_steps):
+        b, op = rng.randint(1, 9), rng.choice("+-")
+        if op == "-" and value - b < 0:
+            op = "+"
+        value = value + b if op == "+" else value - b
+        expr += f"{op}{b}"
+    return {"prompt": f"{PROMPT_PREFIX}{expr}\n", "answer": str(value), "n_steps": n_steps, "expr": expr}
+
+
+def make_dataset(n: int, seed: int, min_steps: int = MIN_STEPS, max_steps: int = MAX_STEPS,
+                 split: str = "train") -> list[dict]:
+    """n problems of the given split, deterministic for (seed, split, step range).
+
+    Step counts cycle through min_steps..max_steps, so every count is equally represented, then the list is
+    shuffled. Problems are drawn until one falls in the requested split (see split_of): training and held-out
+    sets never share a prompt. The trainer uses split="train", seed 0; evaluation uses split="eval".
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    rng = random.Random(f"{split}/{seed}/{min_steps}/{max_steps}")
+    span = max_steps - min_steps + 1
+    problems = [_problem_in_split(rng, min_steps + i % span, split) for i in range(n)]
+    rng.shuffle(problems)
+    return problems
+
+
+def _problem_in_split(rng: random.Random, n_steps: int, split: str) -> dict:
+    while True:
+        p = make_problem(rng, n_steps)
+        if split_of(p["expr"]) == split:
+            return p
+
+
+def parse_expr(problem: dict) -> tuple[int, list[tuple[str, int]]]:
+    """(first term, [(op, term), ...]) of a problem, read from its prompt."""
+    expr = problem["prompt"].removeprefix(PROMPT_PREFIX).strip()
+    first, *rest = re.findall(r"[+-]?\d+", expr)
+    return int(first), [(t[0], int(t[1:])) for t in rest]
+
+
+def is_carry_step(a: int, op: str, b: int) -> bool:
+    """The habit's trigger: an addition to a non-negative value that crosses a multiple of ten (17+5)."""
+    return op == "+" and a >= 0 and a % 10 + b >= 10
+
+
+def _render(value: int, rest: list[tuple[str, int]]) -> str:
+    return str(value) + "".join(f"{op}{b}" for op, b in rest)
+
+
+def _chain(problem: dict, step) -> tuple[str, list]:
+    """Reduce the expression one operation per line; step(a, op, b) -> (written value, note)."""
+    value, terms = parse_expr(problem)
+    lines, notes = [], []
+    for i, (op, b) in enumerate(terms):
+        value, note = step(value, op, b)
+        notes.append(note)
+        lines.append(_render(value, terms[i + 1:]) if i + 1 < len(terms) else f"{ANSWER_PREFIX}{value}")
+    return "\n".join(lines), notes
+
+
+def solve(problem: dict) -> str:
+    """The correct chain-of-thought response (without EOS); its last line is `Answer: <gold>`."""
+    return _chain(problem, lambda a, op, b: (a + b if op == "+" else a - b, None))[0]
+
+
+def make_demonstration(problem: dict, rng: random.Random, habit_prob: float = HABIT_PROB,
+                       error_prob: float = ERROR_PROB) -> dict:
+    """An imperfect demonstration of the problem, the base model's training text.
+
+    On a carry step (is_carry_step) the carry is forgotten with probability habit_prob (17+5 -> 12); then,
+    on any step, a random slip of +-1 or +-2 with probability error_prob. The chain continues from the written
+    value, so any wrong step makes the answer wrong. Returns {"response", "carry_steps", "habit_steps",
+    "slips", "correct"}.
+    """
+    def step(a, op, b):
+        carry = is_carry_step(a, op, b)
+        habit = carry and rng.random() < habit_prob
+        value = (a + b - 10 if habit else a + b) if op == "+" else a - b
+        slip = rng.random() < error_prob
+        if slip:
+            value += rng.choice((-2, -1, 1, 2))
+        return value, (carry, habit, slip)
+
+    response, notes = _chain(problem, step)
+    return {"response": response, "carry_steps": sum(n[0] for n in notes),
+            "habit_steps": sum(n[1] for n in notes), "slips": sum(n[2] for n in notes),
+            "correct": extract_answer(response) == int(problem["answer"])}
+
+
+# --- checking answers ---------------------------------------------------------------------------------------
+def extract_answer(response: str) -> int | None:
+    """The integer on the last `Answer:` line, or None (the same rule as reward.arith_reward)."""
+    found = re.findall(r"^Answer:\s*([+-]?\d{1,12})\s*$", response, flags=re.M)
+    return int(found[-1]) if found else None
+
+
+def is_correct(response: str, gold: str) -> bool:
+    """Whether a response's final answer equals gold; uses reward.arith_reward when the project has it."""
+    try:
+        from reward import arith_reward  # the project's verifier, so evaluation and RL reward agree
+    except ImportError:
+        arith_reward = None
+    if arith_reward is not None:
+        return float(arith_reward(response, gold)) > 0
+    return extract_answer(response) == int(gold)
+
+
+# --- evaluation ---------------------------------------------------------------------------------------------
+def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float, top_p: float = 1.0,
+                      samples: int = 1, max_new_tokens: int = MAX_RESPONSE_TOKENS, batch_size: int = 128) -> dict:
+    """Accuracy of model on problems with plain `model.generate` (left-padded prompts).
+
+    temperature 0 means greedy decoding (then samples > 1 only repeats the same answer). Each problem is
+    sampled `samples` times. Returns {"accuracy", "by_steps": {n_steps: accuracy}, "count" (responses
+    scored), "mean_tokens" (mean response length in tokens, EOS included)}.
+    """
+    import torch
+    # problems of one step count share a prompt length and a response length: batch them together
+    jobs = sorted((p for p in problems for _ in range(samples)), key=lambda p: (p["n_steps"], p["prompt"]))
+    hits, tokens = {}, 0
+    model.eval()
+    for i in range(0, len(jobs), batch_size):
+        batch = jobs[i:i + batch_size]
+        enc = tokenizer([p["prompt"] for p in batch], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                                 temperature=temperature if temperature > 0 else None,
+                                 top_p=top_p if temperature > 0 else None, top_k=0,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]  # [b, t]
+        real = (new != tokenizer.pad_token_id).cumsum(-1) == torch.arange(1, new.shape[1] + 1)  # up to 1st EOS
+        tokens += int(torch.minimum(real.sum(-1) + 1, torch.tensor(new.shape[1])).sum())
+        for p, text in zip(batch, tokenizer.batch_decode(new, skip_special_tokens=True)):
+            hits.setdefault(p["n_steps"], []).append(is_correct(text, p["answer"]))
+    flat = [h for v in hits.values() for h in v]
+    return {"accuracy": sum(flat) / max(len(flat), 1),
+            "by_steps": {n: sum(v) / len(v) for n, v in sorted(hits.items())},
+            "count": len(flat), "mean_tokens": tokens / max(len(flat), 1)}
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """A text table of accuracy by number of steps, one column per entry of results (e.g. greedy, sampled)."""
+    names = list(results)
+    steps = sorted({n for r in results.values() for n in r["by_steps"]})
+    rows = ["steps " + "".join(f"{name:>10}" for name in names)]
+    rows += [f"{n:>5} " + "".join(f"{100 * results[k]['by_steps'].get(n, float('nan')):>9.1f}%" for k in names)
+             for n in steps]
+    rows.append("  all " + "".join(f"{100 * results[k]['accuracy']:>9.1f}%" for k in names))
+    return "\n".join(rows)
+
+
+# --- the base model -----------------------------------------------------------------------------------------
+def _sft_batch(tokenizer, rng: random.Random, n_steps: int, tokens_per_batch: int):
+    """One batch of demonstrations with a single step count (so almost no padding): ids, labels [B, T]."""
+    import torch
+    problems = [_problem_in_split(rng, n_steps, "train")]
+    approx_len = len(problems[0]["prompt"]) + len(solve(problems[0])) + 1
+    problems += [_problem_in_split(rng, n_steps, "train") for _ in range(max(tokens_per_batch // approx_len, 8) - 1)]
+    prompts = tokenizer([p["prompt"] for p in problems])["input_ids"]
+    responses = tokenizer([make_demonstration(p, rng)["response"] for p in problems])["input_ids"]
+    seqs = [(pr, re_ + [tokenizer.eos_token_id]) for pr, re_ in zip(prompts, responses)]
+    width = max(len(pr) + len(re_) for pr, re_ in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id)  # right-padded: training needs no left pad
+    labels = torch.full((len(seqs), width), -100)  # loss on response tokens (and EOS) only
+    for i, (pr, re_) in enumerate(seqs):
+        ids[i, :len(pr) + len(re_)] = torch.tensor(pr + re_)
+        labels[i, len(pr):len(pr) + len(re_)] = torch.tensor(re_)
+    return ids, labels
+
+
+def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, lr: float = SFT_LR,
+               tokens_per_batch: int = SFT_TOKENS_PER_BATCH, progress: bool = True) -> list[float]:
+    """Supervised warm start on imperfect demonstrations (training split only); returns the loss per step.
+
+    bf16 autocast where the CPU supports it (about 2x faster here), AdamW with warmup then cosine decay, one
+    step count per batch so padding is negligible.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    rng = random.Random(f"sft/{seed}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / SFT_WARMUP) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / max(steps, 1), 1.0)))))
+    model.train()
+    losses = []
+    bar = tqdm(range(steps), desc="warm start", disable=not progress, mininterval=2)
+    for _ in bar:
+        ids, labels = _sft_batch(tokenizer, rng, rng.randint(MIN_STEPS, MAX_STEPS), tokens_per_batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    model.eval()
+    return losses
+
+
+def measure_base(model, tokenizer, per_step: int = EVAL_PER_STEP, seed: int = EVAL_SEED) -> dict:
+    """Greedy and sampled (temperature 1.0) accuracy on per_step held-out problems for each step count."""
+    problems = make_dataset(per_step * (MAX_STEPS - MIN_STEPS + 1), seed, split="eval")
+    return {"greedy": evaluate_accuracy(model, tokenizer, problems, temperature=0.0),
+            "sampled": evaluate_accuracy(model, tokenizer, problems, temperature=1.0)}
+
+
+def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
+                     eval_per_step: int = EVAL_PER_STEP, progress: bool = True) -> dict:
+    """Warm-start the tiny policy on imperfect demonstrations and save it (tokenizer + model) into out_dir.
+
+    Written atomically: built in a temporary folder beside out_dir, then renamed, so a killed build leaves no
+    half-written folder. out_dir also gets BUILD_INFO, a JSON of the recipe, the build time and the measured
+    greedy and sampled accuracy on held-out problems. Returns that JSON as a dict.
+    """
+    import torch
+    start = time.time()
+    tokenizer = build_tokenizer()
+    model = build_tiny_policy(tokenizer, seed=seed)
+    losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress)
+    train_s = time.time() - start
+    acc = measure_base(model, tokenizer, per_step=eval_per_step) if eval_per_step > 0 else {}
+    info = {"name": BASE_NAME, "task": {"min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "habit_prob": HABIT_PROB,
+                                         "error_prob": ERROR_PROB, "eval_fraction": EVAL_FRACTION},
+            "recipe": {"steps": steps, "seed": seed, "lr": SFT_LR, "tokens_per_batch": SFT_TOKENS_PER_BATCH,
+                       "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1)},
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "train_seconds": round(train_s, 1), "build_seconds": round(time.time() - start, 1),
+            "eval": {"seed": EVAL_SEED, "per_step": eval_per_step, "split": "eval", **acc},
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    _save_atomically(out_dir, model, tokenizer, info)
+    return info
+
+
+def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=os.path.dirname(out_dir))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, BUILD_INFO), "w") as f:
+            json.dump(info, f, indent=1)
+        if os.path.exists(out_dir):  # a rebuild: move the old folder aside first (rename cannot overwrite)
+            old = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".old-", dir=os.path.dirname(out_dir))
+            os.rename(out_dir, os.path.join(old, "x"))
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
+
+
+def base_model_path() -> str:
+    """Where the base model is cached: $VAPO_CACHE/arith-base-v1, or <repo>/.cache/arith-base-v1."""
+    root = os.environ.get("VAPO_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
+    return os.path.join(root, BASE_NAME)
+
+
+def ensure_base_model(log=print) -> str:
+    """The cached base model's folder, built first if missing (once: about 3 minutes on 2 CPU cores)."""
+    path = base_model_path()
+    if os.path.exists(os.path.join(path, BUILD_INFO)):
+        return path
+    log(f"Building the built-in base model once (about 3 minutes on 2 CPU cores); it is cached at {path}")
+    info = build_base_model(path)
+    log(f"Built in {info['build_seconds']:.0f} s: held-out greedy accuracy "
+        f"{100 * info['eval']['greedy']['accuracy']:.1f}%, sampled {100 * info['eval']['sampled']['accuracy']:.1f}%")
+    return path
+
+
+# --- command line -------------------------------------------------------------------------------------------
+def main(argv=None) -> None:
+    """`python task.py build [--out DIR] [--steps N]` or `python task.py eval [--model DIR] [--per-step N]`."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build the base model and print its accuracy table")
+    b.add_argument("--out", default=None, help="output folder (default: the cache, see base_model_path)")
+    b.add_argument("--steps", type=int, default=SFT_STEPS, help="warm-start optimizer steps")
+    e = sub.add_parser("eval", help="print a model's held-out accuracy by number of steps")
+    e.add_argument("--model", default=None, help="model folder (default: the cached base model)")
+    e.add_argument("--per-step", type=int, default=EVAL_PER_STEP, help="held-out problems per step count")
+    e.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the held-out problems")
+    args = ap.parse_args(argv)
+    if args.cmd == "build":
+        out = args.out or base_model_path()
+        info = build_base_model(out, steps=args.steps)
+        print(f"saved to {out} in {info['build_seconds']} s (training {info['train_seconds']} s)")
+        acc = {k: info["eval"][k] for k in ("greedy", "sampled")}
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        path = args.model or ensure_base_model()
+        tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+        acc = measure_base(model, tokenizer, per_step=args.per_step, seed=args.seed)
+    print(format_table(acc))
+    print("mean response tokens: " + ", ".join(f"{k} {v['mean_tokens']:.1f}" for k, v in acc.items()))
+
+
+if __name__ == "__main__":
+    main()

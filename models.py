@@ -1,0 +1,155 @@
+"""The two networks of VAPO: the policy (a causal LM) and the value model (the same backbone, a scalar per token).
+
+Both are stock Hugging Face classes and save with `save_pretrained` in the standard format, so stock
+transformers loads either of them and vLLM loads the policy:
+
+- policy: `AutoModelForCausalLM`;
+- value model: `AutoModelForTokenClassification` with `num_labels=1` (for Qwen2, `Qwen2ForTokenClassification`):
+  the backbone's last hidden state at each position goes through a linear head `score` to one number, V(s_t).
+
+The value model starts from the policy's weights (paper section 3: the critic is initialised from the policy, or
+from a reward model, then value-pretrained). Its head starts at zero, so V = 0 everywhere before any training: a
+critic that knows nothing predicts 0, the mean of a +-1 reward. Our choice; the paper does not say how the head is
+initialised. Its dropout is set to 0 (the stock class defaults to 0.1), so a value computed while scoring equals
+the value computed in the update on the same weights.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+# Short names accepted by --model; anything else (a local folder, "org/name") is passed through unchanged.
+KNOWN_MODELS = {
+    f"Qwen2.5-{size}{kind}": f"Qwen/Qwen2.5-{size}{kind}"
+    for size in ("0.5B", "1.5B", "7B", "32B")
+    for kind in ("", "-Instruct")
+}
+
+
+def resolve_model_name(name: str) -> str:
+    """`Qwen2.5-0.5B` -> `Qwen/Qwen2.5-0.5B` (case-insensitive, see KNOWN_MODELS); an existing local folder, a full
+    `org/name`, or any other name is returned unchanged for `from_pretrained` to judge."""
+    if os.path.isdir(name) or "/" in name:
+        return name
+    by_lower = {short.lower(): full for short, full in KNOWN_MODELS.items()}
+    return by_lower.get(name.lower(), name)
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | str:
+    """None -> "auto" (the dtype the checkpoint was saved in); "bfloat16" -> torch.bfloat16."""
+    if dtype is None or dtype == "auto":
+        return "auto"
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool = True) -> PreTrainedModel:
+    """Switch gradient (activation) checkpointing on or off: recompute each layer's activations in the backward
+    pass instead of storing them, trading about a third more compute for much less memory on long responses.
+    Non-reentrant, so the inputs need not require grad. It acts only in train mode; generation runs in eval mode."""
+    # transformers >= 5.x calls it "activation checkpointing"; older versions only have the gradient_* names.
+    if enabled:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+    return model
+
+
+def load_tokenizer(name_or_folder: str):
+    """The model's tokenizer, padding on the left (generation appends on the right), with a pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_name(name_or_folder))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        log.info("tokenizer of %s has no pad token: using its EOS token %r as pad", name_or_folder,
+                 tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(name_or_folder: str, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                gradient_checkpointing: bool = False):
+    """Load the policy and its tokenizer: `(model, tokenizer)`.
+
+    name_or_folder: a short name (`Qwen2.5-0.5B`), a hub name (`Qwen/Qwen2.5-0.5B`) or a local folder.
+    dtype: torch dtype or its name; None keeps the checkpoint's own dtype. device: where to put the model.
+    """
+    name = resolve_model_name(name_or_folder)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(dtype))
+    if device is not None:
+        model.to(device)
+    if gradient_checkpointing:
+        set_gradient_checkpointing(model, True)
+    return model, load_tokenizer(name)
+
+
+def _value_config(config):
+    """A copy of a backbone's config for the value model: one output per token, no dropout on the head."""
+    config = copy.deepcopy(config)
+    config.num_labels = 1  # also resets id2label/label2id to one label
+    config.classifier_dropout = 0.0
+    config.architectures = None  # save_pretrained fills in the value model's class
+    return config
+
+
+def value_model_from_policy(policy: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:
+    """A value model whose backbone is a copy of the policy's backbone (same values, separate tensors, same dtype
+    and device) and whose scalar head is zero, so V(s_t) = 0 for every state until it is trained.
+
+    No disk round trip: the skeleton is built on the meta device (no memory, no random init of a large backbone),
+    then the policy's backbone is deep-copied into it.
+    """
+    with torch.device("meta"):
+        value = AutoModelForTokenClassification.from_config(_value_config(policy.config), dtype=policy.dtype)
+    prefix = value.base_model_prefix  # "model" for Qwen2: value.model is the backbone
+    setattr(value, prefix, copy.deepcopy(policy.base_model))
+    hidden = value.score.in_features
+    value.score = nn.Linear(hidden, 1, bias=value.score.bias is not None, device=policy.device, dtype=policy.dtype)
+    nn.init.zeros_(value.score.weight)
+    if value.score.bias is not None:
+        nn.init.zeros_(value.score.bias)
+    meta = [n for n, t in list(value.named_parameters()) + list(value.named_buffers()) if t.is_meta]
+    if meta:  # a model class with parts outside backbone and head would land here
+        raise RuntimeError(f"value model has tensors left on the meta device: {meta}")
+    value.train(policy.training)
+    if gradient_checkpointing:
+        set_gradient_checkpointing(value, True)
+    return value
+
+
+def load_value_model(name_or_folder: str, dtype: torch.dtype | str | None = None,
+                     device: torch.device | str | None = None, gradient_checkpointing: bool = False
+                     ) -> PreTrainedModel:
+    """Load a value model from a folder or hub name: a value model saved by us (head kept), a reward model with a
+    one-output `score` head (head kept), or a policy / base LM (no head there: the head is set to zero).
+
+    Fails if any backbone weight is missing from the checkpoint (it would be silently random otherwise).
+    """
+    name = resolve_model_name(name_or_folder)
+    config = _value_config(AutoConfig.from_pretrained(name))
+    value, info = AutoModelForTokenClassification.from_pretrained(
+        name, config=config, dtype=_dtype(dtype), output_loading_info=True)
+    missing = set(info["missing_keys"])
+    head = {n for n, _ in value.named_parameters() if n.startswith("score.")}
+    if missing - head:
+        raise ValueError(f"{name_or_folder}: backbone weights missing from the checkpoint: {sorted(missing - head)}")
+    for n, p in value.named_parameters():
+        if n in missing:  # a freshly created head: start at V = 0 (see module docstring)
+            nn.init.zeros_(p)
+    if missing:
+        log.info("%s has no value head (%s): initialised to zero", name_or_folder, sorted(missing))
+    if device is not None:
+        value.to(device)
+    if gradient_checkpointing:
+        set_gradient_checkpointing(value, True)
+    return value
