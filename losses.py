@@ -60,9 +60,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     during value pretraining (VAPO section 3.1). NaN when Var[R] = 0 (e.g. every sample got the same reward):
     undefined, and logged as such rather than as a made-up number. values, returns, mask: [B, T].
     """
-    v, r = values.detach().float(), returns.detach().float()
+    v, r = values.detach().double(), returns.detach().double()  # float64: a constant R must give Var 0 exactly
     var_r = masked_var(r, mask)
-    if var_r.item() == 0.0:
+    if var_r.item() <= 1e-12:
         return float("nan")
     return (1.0 - masked_var(r - v, mask) / var_r).item()
 

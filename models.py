@@ -21,7 +21,8 @@ import os
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer,
+                          PreTrainedModel)
 
 log = logging.getLogger(__name__)
 

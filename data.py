@@ -1,0 +1,174 @@
+"""Prompts with gold answers: from a local JSONL or Parquet file, or a Hugging Face dataset name when online.
+
+    load_prompts("openai/gsm8k")                        -> [{"prompt", "question", "answer"}, ...]
+    load_prompts("my.jsonl", question_field="q", answer_field="a", template="raw")
+
+Each row becomes {"question": the problem text, "answer": the gold answer as a string, "prompt": the exact text fed
+to the model}. The prompt template is one of
+  - "base": DAPO's instruction around the question (the model is asked to end with a line "Answer: ..."), for base
+    models, which continue text rather than follow a chat;
+  - "chat": the same instruction as a user message inside the tokenizer's chat template, for instruct models;
+  - "raw": the question as it is (the built-in task writes its own prompts).
+
+A field is a key, or a dotted path into nested rows ("reward_model.ground_truth", "prompt.0.content"). A malformed
+row (not JSON, a missing field, an empty question, an answer that is not a string or a number) raises ValueError
+naming the file and the row (1-based; for JSONL the line number): nothing is skipped silently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+# DAPO's prompt (Yu et al. 2025, also used by VAPO's training set DAPO-Math-17k), split around the question.
+DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
+               "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
+DAPO_SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
+TEMPLATES = ("base", "chat", "raw")
+
+
+def gsm8k_answer(solution: str) -> str:
+    """GSM8K's answer field is a worked solution ending in `#### 1,234`: the gold answer is what follows ####,
+    without thousands separators."""
+    if "####" not in solution:
+        raise ValueError("no '####' in the GSM8K answer field")
+    return solution.split("####")[-1].strip().replace(",", "")
+
+
+def strip_dapo_template(prompt: str) -> str:
+    """DAPO-Math-17k stores the full DAPO prompt; recover the bare question so every template can be applied."""
+    return prompt.removeprefix(DAPO_PREFIX).removesuffix(DAPO_SUFFIX)
+
+
+# Known datasets: where the question and the gold answer are, and how to clean them. Splits, for reference:
+# gsm8k train/test; MATH-500 test only; DAPO-Math-17k train only; both AIME 2024 sets train only (30 problems).
+PRESETS = {
+    "openai/gsm8k": dict(config="main", question="question", answer="answer", answer_fn=gsm8k_answer),
+    "HuggingFaceH4/MATH-500": dict(question="problem", answer="answer"),
+    # Rows are verl-style: prompt = [{"role": "user", "content": DAPO prompt}], reward_model = {"ground_truth": ..}.
+    # The hub copy repeats each of its ~17k problems about 100 times (1.79M rows): keep the first of each.
+    "BytedTsinghua-SIA/DAPO-Math-17k": dict(question="prompt.0.content", answer="reward_model.ground_truth",
+                                            question_fn=strip_dapo_template, dedupe=True),
+    "HuggingFaceH4/aime_2024": dict(question="problem", answer="answer"),
+    "Maxwell-Jia/AIME_2024": dict(question="Problem", answer="Answer"),  # Answer is an integer there
+}
+DEFAULT_FIELDS = dict(question="question", answer="answer")
+
+
+def format_prompt(question: str, template: str = "base", tokenizer=None) -> str:
+    """The exact text fed to the model for one question (see the module docstring for the templates)."""
+    if template == "raw":
+        return question
+    if template == "base":
+        return DAPO_PREFIX + question + DAPO_SUFFIX
+    if template == "chat":
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("template 'chat' needs a tokenizer with a chat template (use 'base' for base models)")
+        messages = [{"role": "user", "content": DAPO_PREFIX + question + DAPO_SUFFIX}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    raise ValueError(f"unknown template {template!r}: expected one of {TEMPLATES}")
+
+
+def _field(row, path: str):
+    """row["a"]["b"][0]... for path "a.b.0"; KeyError naming the path when any step is missing."""
+    value = row
+    for key in path.split("."):
+        if isinstance(value, (list, tuple)) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
+            raise KeyError(f"missing field {path!r}")
+    return value
+
+
+def _rows_jsonl(path: str):
+    """(row number = 1-based line number, row) for each non-blank line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({e})") from e
+
+
+def _rows_parquet(path: str):
+    import pyarrow.parquet as pq
+    for number, row in enumerate(pq.read_table(path).to_pylist(), 1):
+        yield number, row
+
+
+def _rows_hub(name: str, config: str | None, split: str):
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError("loading a dataset by name needs the `datasets` package (pip install datasets)") from e
+    try:
+        dataset = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # offline, unknown name or split, ...: say what to do instead, keep the cause
+        raise RuntimeError(
+            f"could not load dataset {name!r} (config {config!r}, split {split!r}) through the `datasets` library: "
+            f"{type(e).__name__}: {e}. Offline, give a local .jsonl or .parquet file instead.") from e
+    for number, row in enumerate(dataset, 1):
+        yield number, row
+
+
+def load_prompts(source: str, split: str = "train", question_field: str | None = None,
+                 answer_field: str | None = None, template: str = "base", tokenizer=None,
+                 limit: int | None = None) -> list[dict]:
+    """Rows {"prompt", "question", "answer"} from `source`: a .jsonl / .parquet file, or a dataset name.
+
+    Field names default to the preset for a known dataset name (PRESETS), else "question" / "answer"; explicit
+    question_field / answer_field override them. `limit` keeps the first rows only. Numbers as answers become
+    strings (42 -> "42").
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}: expected one of {TEMPLATES}")
+    preset = PRESETS.get(source, {}) if not os.path.exists(source) else {}
+    q_path = question_field or preset.get("question", DEFAULT_FIELDS["question"])
+    a_path = answer_field or preset.get("answer", DEFAULT_FIELDS["answer"])
+    question_fn = preset.get("question_fn", lambda q: q) if question_field is None else (lambda q: q)
+    answer_fn = preset.get("answer_fn", lambda a: a) if answer_field is None else (lambda a: a)
+
+    extension = os.path.splitext(source)[1].lower()
+    if os.path.isfile(source) and extension in (".jsonl", ".parquet"):
+        rows = _rows_jsonl(source) if extension == ".jsonl" else _rows_parquet(source)
+        where = source + (", line" if extension == ".jsonl" else ", row")
+    elif extension in (".jsonl", ".parquet", ".json", ".csv") or os.path.exists(source):
+        raise FileNotFoundError(f"{source}: not a .jsonl or .parquet file")
+    else:
+        rows = _rows_hub(source, preset.get("config"), split)
+        where = f"dataset {source} ({split}), row"
+
+    out, seen = [], set()
+    for number, row in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            question, answer = _field(row, q_path), _field(row, a_path)
+            if not isinstance(question, str):
+                raise ValueError(f"question {q_path!r} is {type(question).__name__}, not a string")
+            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                raise ValueError(f"answer {a_path!r} is {type(answer).__name__}, not a string or a number")
+            question = question_fn(question)  # kept exactly: with template "raw" it is the prompt
+            answer = answer_fn(answer if isinstance(answer, str) else str(answer)).strip()
+            if not question.strip():
+                raise ValueError(f"empty question {q_path!r}")
+            if not answer:
+                raise ValueError(f"empty answer {a_path!r}")
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{where} {number}: {e.args[0] if e.args else e}") from e
+        if preset.get("dedupe"):
+            if (question, answer) in seen:
+                continue
+            seen.add((question, answer))
+        out.append(dict(prompt=format_prompt(question, template, tokenizer), question=question, answer=answer))
+    if preset.get("dedupe"):
+        log.info("%s: %d distinct problems kept (repeated rows dropped)", source, len(out))
+    if not out:
+        raise ValueError(f"{source}: no rows")
+    return out

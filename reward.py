@@ -1,0 +1,528 @@
+"""Verifiers: the sparse reward that VAPO learns from, made safe and bounded in time.
+
+VAPO (arXiv 2504.05118) scores a whole response with one rule-based reward at its last token, as DAPO
+(arXiv 2503.14476, "rule-based reward modeling") does: +1 if the final answer is right, -1 if not.
+Everything RL can reach is capped by this verifier, so it must be
+
+- right: answers are compared for mathematical equivalence by math-verify (1/2 == 0.5, sets in any order,
+  intervals, \\dfrac, thousands separators), with only the fixes it lacks added here, each one tested;
+- bounded: the trainer scores a few hundred samples per step, and one pathological answer (9^{9^{9^9}}, a
+  100k-character number, thousands of nested braces) must cost at most a fixed time and score as wrong;
+- safe: responses are untrusted text. Nothing here passes them to eval, exec, sympify or parse_expr; LaTeX is
+  parsed by math-verify's grammar-based LaTeX parser only.
+
+Public functions:
+    extract_answer(text)                      the answer a response commits to (last \\boxed{}, else "Answer:")
+    math_equal(prediction, gold)              equivalence through math-verify
+    math_reward(response, gold)               +1 / -1 for math datasets (the VAPO/DAPO reward)
+    arith_reward(response, gold)              +1 / -1 for the built-in arithmetic task (pure string work)
+    overlong_penalty(length, max_length, cache_length)   DAPO's soft overlong punishment
+    score_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
+
+Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
+("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import operator
+import os
+import pickle
+import re
+import signal
+import threading
+import time
+from typing import Callable, Sequence
+
+from math_verify import LatexExtractionConfig, parse, verify
+
+logger = logging.getLogger(__name__)
+
+CORRECT_REWARD = 1.0
+"""Reward of a response whose final answer equals the gold answer (VAPO / DAPO rule-based reward)."""
+WRONG_REWARD = -1.0
+"""Reward of a wrong, missing, unparsable, timed-out or oversized answer."""
+
+ITEM_TIMEOUT_S = 5.0
+"""score_batch's hard wall-clock bound per item, enforced by killing the worker that exceeds it."""
+MATH_VERIFY_TIMEOUT_S = 2
+"""math-verify's own (soft, signal.alarm based, whole seconds) timeout per parse and per comparison. It lets a
+worker give up on most pathological answers without being killed; the hard bound above catches the rest."""
+MAX_ANSWER_CHARS = 1_000
+"""Extracted answers longer than this are wrong without parsing: no final answer to a math problem is that
+long, and parsing a 100k-digit number alone takes most of a second."""
+MAX_RESPONSE_CHARS = 1_000_000
+"""score_batch scores longer responses as wrong without calling the verifier or sending them to a worker.
+About 50 characters per token at 20k tokens: far beyond any real generation, so only garbage is cut."""
+MAX_INTEGER_DIGITS = 30
+"""arith_reward treats answers with more digits as wrong, so nothing large is ever converted."""
+DEFAULT_MAX_WORKERS = 8
+"""Cap on score_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
+samples per step need no more."""
+STARTUP_TIMEOUT_S = 120.0
+"""How long a new worker may take to start (it re-imports the main script under spawn) before it is an error."""
+
+# ---------------------------------------------------------------------------------------------------------
+# Answer extraction
+# ---------------------------------------------------------------------------------------------------------
+
+# One pass over the text finds every brace and box opening. "\\." consumes escaped characters (\{, \}, \\),
+# so that "\{1, 2\}" is a set, not a group, and "\\{" is a line break followed by a group.
+_LATEX_TOKEN = re.compile(r"(?P<box>\\(?:boxed|fbox)\s*\{)|(?P<escaped>\\.)|(?P<open>\{)|(?P<close>\})",
+                          re.DOTALL)
+# DAPO's format. The Minerva-style pattern (?i)Answer\s*:\s*([^\n]+) of verl's math_dapo.py, except that the
+# answer must start on the same line.
+_ANSWER_LINE = re.compile(r"answer\s*:[ \t]*([^\n]*)", re.IGNORECASE)
+
+
+def _last_box(text: str) -> str | None:
+    """Content of the \\boxed{...} / \\fbox{...} that closes last, or None if no box is ever closed.
+
+    Linear time: one left-to-right scan with a stack of open braces (a quadratic "find the matching brace for
+    each \\boxed" would be exploitable by a response of 100k unclosed boxes). A truncated final box (never
+    closed) is skipped, so an earlier complete box wins.
+    """
+    if "\\boxed" not in text and "\\fbox" not in text:  # fast path for almost every response
+        return None
+    stack: list[int] = []  # per open brace: where the box content starts, or -1 for a plain group
+    last = None
+    for m in _LATEX_TOKEN.finditer(text):
+        if m.lastgroup == "open":
+            stack.append(-1)
+        elif m.lastgroup == "box":
+            stack.append(m.end())
+        elif m.lastgroup == "close" and stack and (start := stack.pop()) >= 0:
+            last = (start, m.start())
+    return None if last is None else text[last[0]:last[1]]
+
+
+def _braces_balanced(latex: str) -> bool:
+    """True if every unescaped { has its }."""
+    depth = 0
+    for m in _LATEX_TOKEN.finditer(latex):
+        if m.lastgroup in ("open", "box"):
+            depth += 1
+        elif m.lastgroup == "close":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def _answer_line(text: str) -> str | None:
+    """Rest of the line after the last "Answer:", without markdown bold markers and a final period."""
+    matches = list(_ANSWER_LINE.finditer(text))
+    if not matches:
+        return None
+    # "**Answer:** 12" and "Answer: 12." are how chat models write it; the stars and the sentence's full stop
+    # are not part of the answer (math-verify reads "12." and "** 12" as unparsable strings).
+    answer = matches[-1].group(1).strip().strip("*").strip()
+    if answer.endswith(".") and not answer.endswith(".."):
+        answer = answer[:-1].rstrip()
+    return answer or None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer a response commits to, as a string, or None if it commits to none.
+
+    Rules, in order:
+    1. the content of the last complete \\boxed{...} or \\fbox{...} (nested braces handled; escaped braces
+       \\{ \\} are text; the box that closes last wins, so in \\boxed{\\boxed{1}} it is the outer one; a box
+       left open by truncation is ignored); an empty box commits to nothing -> None;
+    2. else the rest of the line after the last "Answer:" (DAPO's prompt format, arXiv 2503.14476; matched
+       case-insensitively, so "Final answer:" counts), stripped of whitespace, of markdown bold ("**") at its
+       ends, and of one final period ("Answer: 12." -> "12"); an empty rest of line -> None;
+    3. else None.
+    Runs in time linear in len(text).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"extract_answer: text must be str, got {type(text).__name__}")
+    boxed = _last_box(text)
+    if boxed is not None:
+        return boxed.strip() or None
+    return _answer_line(text)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mathematical equivalence
+# ---------------------------------------------------------------------------------------------------------
+
+# LaTeX spaces between digit groups ("1\,000", "10\ 000", "1~000") are thousands separators, but math-verify
+# reads them as multiplication: "1\,000" parses as 1*0 = 0, so gold "1\,000" would accept the answer "0".
+# Removed only inside a run of groups of exactly three digits, so "0.1\,2" or "2\,x" are left alone.
+_LATEX_SPACE = r"(?:\\[,;: ]|~)"
+_SPACED_THOUSANDS = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_LATEX_SPACE}\d{{3}})+(?!\d)")
+
+
+def _join_digit_groups(latex: str) -> str:
+    return _SPACED_THOUSANDS.sub(lambda m: re.sub(_LATEX_SPACE, "", m.group()), latex)
+
+
+def _parse_answer(answer: str, timeout_s: int | None) -> list:
+    # Wrapping in \boxed{} tells math-verify that the whole string is the answer. LaTeX extraction only:
+    # math-verify's plain-expression extractor hands text to sympy's parse_expr, which runs eval.
+    latex = "\\boxed{" + _join_digit_groups(answer) + "}"
+    return parse(latex, extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout_s)
+
+
+def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIFY_TIMEOUT_S,
+               max_chars: int = MAX_ANSWER_CHARS) -> bool:
+    """True if the answer `prediction` is mathematically equal to the answer `gold`.
+
+    Both are bare answers (what extract_answer returns), LaTeX or plain: "1/2", "\\frac{1}{2}", "0.5",
+    "\\{1, 2\\}", "[1, 3)". The comparison is math-verify's `verify(gold, prediction)` on both strings parsed as
+    LaTeX; it handles fractions vs decimals, \\dfrac, radicals, sets in any order, intervals (open vs closed
+    ends differ), "x = 3" vs "3", percentages, units and "1,000" / "1{,}000". Added here: LaTeX-space
+    thousands separators ("1\\,000"), which math-verify reads as a product.
+
+    Edge cases: identical strings are equal without parsing; blank strings equal nothing; a prediction longer
+    than max_chars or with unbalanced braces is not equal to anything; a timeout inside math-verify counts as
+    not equal. math-verify's timeouts use signal.alarm, so call this from a process's main thread (as
+    score_batch's workers do), or pass timeout_s=None and bound the time yourself.
+    """
+    prediction, gold = prediction.strip(), gold.strip()
+    if not prediction or not gold:
+        return False
+    if prediction == gold:
+        return True
+    if len(prediction) > max_chars or not (_braces_balanced(prediction) and _braces_balanced(gold)):
+        return False
+    gold_parsed = _parse_answer(gold, timeout_s)
+    prediction_parsed = _parse_answer(prediction, timeout_s)
+    return verify(gold_parsed, prediction_parsed, timeout_seconds=timeout_s)
+
+
+def math_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
+                wrong: float = WRONG_REWARD) -> float:
+    """VAPO's rule-based reward (arXiv 2504.05118; defined as in DAPO, arXiv 2503.14476): `correct` if the
+    answer extracted from the response is mathematically equal to gold (math_equal), else `wrong`.
+
+    A response with no answer, or an answer that does not parse, is wrong. A blank gold answer is a data error
+    and raises ValueError (otherwise every sample of that prompt would be silently wrong).
+    """
+    if not gold.strip():
+        raise ValueError("math_reward: gold answer is empty")
+    answer = extract_answer(response)
+    if answer is None:
+        return wrong
+    return correct if math_equal(answer, gold) else wrong
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)  # ASCII digits only: int() would also accept "٣" or "1_000"
+
+
+def _small_integer(text: str) -> int | None:
+    """The integer `text` spells exactly (optional sign, ASCII digits), or None; None above 30 digits."""
+    text = text.strip()
+    if not _INTEGER.fullmatch(text) or len(text.lstrip("+-")) > MAX_INTEGER_DIGITS:
+        return None
+    return int(text)
+
+
+def arith_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
+                 wrong: float = WRONG_REWARD) -> float:
+    """Reward of the built-in arithmetic task: `correct` if the response's answer is the integer gold.
+
+    The task's responses end with the line "Answer: <integer>" (e.g. "Answer: -12"). Correct iff
+    extract_answer gives a string that is exactly an optionally signed integer in ASCII digits (surrounding
+    whitespace ignored; leading zeros allowed) whose value equals int(gold). Because extract_answer drops one
+    sentence-final period on the "Answer:" line, "Answer: 12." counts as 12; anything else ("12.0", "$12$",
+    "twelve", "1e1", "12 apples") is wrong. Answers of more than MAX_INTEGER_DIGITS digits are wrong without
+    conversion. Pure string work, microseconds per call: safe for score_batch(..., num_workers=0).
+    Raises ValueError if gold is not such an integer (a malformed data row).
+    """
+    target = _small_integer(gold)
+    if target is None:
+        raise ValueError(f"arith_reward: gold {gold[:50]!r} is not an integer of at most "
+                         f"{MAX_INTEGER_DIGITS} digits")
+    answer = extract_answer(response)
+    value = None if answer is None else _small_integer(answer)
+    return correct if value == target else wrong
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Length shaping
+# ---------------------------------------------------------------------------------------------------------
+
+def _whole(name: str, value) -> int:
+    try:
+        return operator.index(value)  # accepts int, numpy and 0-d torch integers; rejects floats and strings
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4 "Overlong Reward Shaping"), added to the
+    verifier's reward.
+
+        0                                              if length <= max_length - cache_length
+        ((max_length - cache_length) - length) / cache_length   if it is within the last cache_length tokens
+        -1                                             if length > max_length
+
+    so the penalty falls linearly from 0 to -1 over the last cache_length tokens before max_length (DAPO:
+    max_length 20480, cache_length 4096). cache_length = 0 is a hard cut: 0 up to max_length, -1 beyond.
+    Raises ValueError, naming the argument, if any is not an integer, length or cache_length is negative,
+    max_length is not positive, or cache_length exceeds max_length.
+    """
+    length, max_length, cache_length = (_whole("length", length), _whole("max_length", max_length),
+                                        _whole("cache_length", cache_length))
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    if max_length <= 0:
+        raise ValueError(f"max_length must be > 0, got {max_length}")
+    if not 0 <= cache_length <= max_length:
+        raise ValueError(f"cache_length must be in [0, max_length={max_length}], got {cache_length}")
+    soft_limit = max_length - cache_length
+    if length <= soft_limit:
+        return 0.0
+    if length > max_length:
+        return -1.0
+    return (soft_limit - length) / cache_length
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parallel, time-bounded scoring
+# ---------------------------------------------------------------------------------------------------------
+
+_READY = "ready"
+
+
+def _worker_main(conn) -> None:
+    """Body of a scoring process: for each pickled (verifier, response, gold) received, send back
+    ("ok", score) or ("error", message). Exits when the parent closes the pipe."""
+    # Ctrl-C reaches the whole process group; the parent decides what happens to its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send(_READY)
+    while True:
+        try:
+            job = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:  # unpickling is inside: a verifier the worker cannot import is that item's error, not a crash
+            verifier, response, gold = pickle.loads(job)
+            reply = ("ok", float(verifier(response, gold)))
+        except Exception as exc:  # any failure of the verifier is reported, and the worker carries on
+            reply = ("error", f"{type(exc).__name__}: {exc}"[:300])
+        conn.send(reply)
+
+
+class _Worker:
+    """One scoring process, the index of the item it is scoring (None when idle), and its deadline: for the
+    item if busy, for start-up if not yet ready."""
+
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="reward-worker")
+        self.proc.start()
+        child.close()  # our copy must go, or we would never see EOF when the worker dies
+        self.ready = False
+        self.job: int | None = None
+        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class _Tally:
+    """What went wrong in one score_batch call, for its log line."""
+
+    def __init__(self):
+        self.timeouts = self.errors = 0
+        self.examples: list[str] = []  # a few distinct error messages, enough to tell causes apart
+
+    def error(self, message: str) -> None:
+        self.errors += 1
+        if len(self.examples) < 3 and message not in self.examples:
+            self.examples.append(message)
+
+
+class _WorkerPool:
+    """num_workers persistent processes (spawn start method) that score items one at a time, each under a
+    hard deadline. A worker past its deadline is killed and replaced; one that dies is replaced; either way
+    only its own item is lost (scored as wrong), and the others continue."""
+
+    def __init__(self, num_workers: int):
+        # spawn, not fork: forking a trainer that runs torch threads can deadlock the child.
+        self._ctx = multiprocessing.get_context("spawn")
+        self._num_workers = num_workers
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()  # one batch at a time: replies are matched to workers, not tagged
+        self._pid = os.getpid()
+        atexit.register(self.close)
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked copy must not kill its parent's workers
+            return
+        for w in self._workers:
+            w.kill()
+        self._workers = []
+
+    def score(self, verifier: Callable, jobs: dict[int, tuple[str, str]], timeout_s: float,
+              scores: list[float]) -> _Tally:
+        """Write verifier(*jobs[i]) into scores[i] for every i; failed items keep what scores holds."""
+        with self._lock:
+            try:
+                return self._run(verifier, jobs, timeout_s, scores)
+            except BaseException:
+                # A half-finished batch leaves replies in flight that would be read as the next batch's.
+                self.close()
+                raise
+
+    def _run(self, verifier, jobs, timeout_s, scores) -> _Tally:
+        tally = _Tally()
+        todo = collections.deque(jobs)
+        while len(self._workers) < self._num_workers:
+            self._workers.append(_Worker(self._ctx))
+        while todo or any(w.job is not None for w in self._workers):
+            self._dispatch(todo, verifier, jobs, timeout_s)
+            next_deadline = min(w.deadline for w in self._workers)  # idle, ready workers have none (inf)
+            wait_s = None if next_deadline == math.inf else max(0.0, next_deadline - time.monotonic())
+            ready = multiprocessing.connection.wait([w.conn for w in self._workers], timeout=wait_s)
+            for w in [w for w in self._workers if w.conn in ready]:
+                self._receive(w, scores, tally)
+            self._expire(scores, tally)
+        return tally
+
+    def _dispatch(self, todo, verifier, jobs, timeout_s) -> None:
+        for w in self._workers:
+            if not todo:
+                return
+            if w.ready and w.job is None:
+                i = todo.popleft()
+                try:
+                    w.conn.send_bytes(pickle.dumps((verifier, *jobs[i])))
+                except OSError:  # it died while idle: not this item's fault, so the item goes back
+                    todo.appendleft(i)
+                    self._replace(w)
+                    continue
+                w.job, w.deadline = i, time.monotonic() + timeout_s
+
+    def _receive(self, w: _Worker, scores, tally: _Tally) -> None:
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(timeout=1.0)  # for its exit code
+            if not w.ready:
+                raise RuntimeError(f"a scoring worker exited with code {w.proc.exitcode} while starting; "
+                                   "its stderr says why") from None
+            if w.job is not None:
+                tally.error(f"worker died with exit code {w.proc.exitcode}")
+            self._replace(w)
+            return
+        if message == _READY:
+            w.ready, w.deadline = True, math.inf
+            return
+        status, value = message
+        if status == "ok" and math.isfinite(value):
+            scores[w.job] = value
+        else:
+            tally.error(value if status == "error" else f"non-finite score {value}")
+        w.job, w.deadline = None, math.inf
+
+    def _expire(self, scores, tally: _Tally) -> None:
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.deadline > now:
+                continue
+            if not w.ready:
+                raise RuntimeError(f"a scoring worker did not start within {STARTUP_TIMEOUT_S} s")
+            if w.conn.poll():  # the answer arrived just in time
+                self._receive(w, scores, tally)
+                continue
+            tally.timeouts += 1
+            self._replace(w)
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        self._workers[self._workers.index(w)] = _Worker(self._ctx)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_pool(num_workers: int, pid: int) -> _WorkerPool:
+    """The persistent pool of this size for this process (pid in the key: a forked child gets its own),
+    started lazily by the first score_batch that needs it and closed at interpreter exit."""
+    return _WorkerPool(num_workers)
+
+
+def _default_num_workers() -> int:
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(available, DEFAULT_MAX_WORKERS))
+
+
+def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, num_workers, timeout_s) -> None:
+    if len(responses) != len(golds):
+        raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} golds")
+    for name, items in (("responses", responses), ("golds", golds)):
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise TypeError(f"score_batch: {name}[{i}] must be str, got {type(item).__name__}")
+    if num_workers is not None and num_workers < 0:
+        raise ValueError(f"score_batch: num_workers must be >= 0 or None, got {num_workers}")
+    if not timeout_s > 0:
+        raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
+    if num_workers != 0:
+        try:
+            pickle.dumps(verifier)
+        except Exception as exc:  # PicklingError, AttributeError or TypeError depending on the object
+            raise TypeError(f"score_batch: the verifier must be picklable (a module-level function or a "
+                            f"functools.partial of one) to run in worker processes: {exc}") from None
+
+
+def score_batch(responses: Sequence[str], golds: Sequence[str],
+                verifier: Callable[[str, str], float] = math_reward, *, num_workers: int | None = None,
+                timeout_s: float = ITEM_TIMEOUT_S, max_response_chars: int = MAX_RESPONSE_CHARS,
+                wrong: float = WRONG_REWARD) -> list[float]:
+    """verifier(responses[i], golds[i]) for every i, in input order, each bounded in time.
+
+    The trainer's reward phase (VAPO, arXiv 2504.05118: one reward per sample, placed at its last token).
+    Items are scored in `num_workers` worker processes (default: the CPUs available to this process, at most
+    DEFAULT_MAX_WORKERS), one item at a time per worker, each under a hard wall-clock bound of timeout_s
+    seconds from when it is sent to a worker (on a fresh worker this includes importing the verifier's
+    module). The pool is started on first use and kept for later calls (one per num_workers), so start-up
+    (about 1-2 s, more if the main script has heavy imports, since spawn re-imports it) is paid once per
+    process; it is closed at interpreter exit. Processes, not threads: math-verify's timeouts use
+    signal.alarm, and only a process can be killed when it hangs in C code.
+
+    Scored as `wrong` without a verdict, and counted in one logging WARNING per call, never silently:
+    an item that exceeds timeout_s (its worker is killed and replaced), a verifier that raises or returns a
+    non-finite number, a worker that dies (replaced; no other item is lost). Responses longer than
+    max_response_chars are scored as `wrong` without being parsed or sent to a worker (also logged).
+
+    num_workers=0 scores in this process with no pool, no time bound and no isolation (exceptions
+    propagate): only for verifiers known to be cheap and safe, like arith_reward.
+
+    The verifier must be picklable: a module-level function (response: str, gold: str) -> float, or a
+    functools.partial of one (e.g. to change math_reward's correct/wrong values). Spawned workers import
+    the main script as "__mp_main__", so a script that calls this needs an `if __name__ == "__main__":` guard.
+    Raises ValueError if the lengths differ or an argument is out of range, TypeError for a non-str item.
+    """
+    _validate_batch(responses, golds, verifier, num_workers, timeout_s)
+    scores = [wrong] * len(responses)
+    jobs = {i: (r, g) for i, (r, g) in enumerate(zip(responses, golds)) if len(r) <= max_response_chars}
+    oversized = len(responses) - len(jobs)
+    if num_workers == 0:
+        for i, (response, gold) in jobs.items():
+            scores[i] = float(verifier(response, gold))
+        tally = _Tally()
+    elif jobs:
+        pool = _shared_pool(num_workers or _default_num_workers(), os.getpid())
+        tally = pool.score(verifier, jobs, timeout_s, scores)
+    else:
+        tally = _Tally()
+    if tally.timeouts or tally.errors or oversized:
+        logger.warning("score_batch: %d of %d items scored %s without a verdict: %d timed out (> %g s), "
+                       "%d failed%s, %d longer than %d chars", tally.timeouts + tally.errors + oversized,
+                       len(responses), wrong, tally.timeouts, timeout_s, tally.errors,
+                       f" ({'; '.join(tally.examples)})" if tally.errors else "", oversized, max_response_chars)
+    return scores

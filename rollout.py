@@ -1,0 +1,358 @@
+"""Rollouts: G samples per prompt from the current policy, and per-token log-probs and values of those samples.
+
+    prompts (strings) --HFEngine.generate--> Rollout (token ids, masks, lengths, sampler log-probs)
+    Rollout --score_rollout--> old log-probs, values, entropy (no grad: step 3 of the loop)
+    Rollout --response_logprobs / response_values--> the same, with grad (inside the update, step 5)
+
+Layout of one sample b of a Rollout (P prompt columns, left-padded; T response columns, right-padded):
+
+    prompt_ids[b]    pad pad  p0  p1  p2        prompt_mask[b]    0 0 1 1 1
+    response_ids[b]  r0  r1  r2  EOS pad pad    response_mask[b]  1 1 1 1 0 0     lengths[b] = 4
+
+The EOS token is part of the response (mask 1): it is an action like any other, and the policy has to learn when to
+take it; the reward sits on it. A response cut at max_new_tokens has no EOS and `truncated[b]` is True.
+
+Group sampling (paper technique 7): the G = n samples of prompt i are rows b = i * G + g, g = 0..G-1, and
+`prompt_index[b] = i`.
+
+The engine is an interface in all but name: anything with `generate(prompts, n, temperature, top_p, max_new_tokens,
+seed) -> Rollout` can replace HFEngine (a vLLM engine will), and the scoring functions take any Rollout.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Rollout:
+    """A batch of B = prompts x G sampled responses, as tensors. Masks are 0/1 `torch.long`."""
+    prompt_ids: torch.Tensor  # [B, P] left-padded with pad_id
+    prompt_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
+    response_ids: torch.Tensor  # [B, T] right-padded with pad_id
+    response_mask: torch.Tensor  # [B, T] 1 on real response tokens, the EOS token included
+    lengths: torch.Tensor  # [B] long, = response_mask.sum(1)
+    truncated: torch.Tensor  # [B] bool, hit max_new_tokens without an EOS
+    sampler_logprobs: torch.Tensor  # [B, T] float32, log-prob under the sampling distribution; 0 under the mask
+    prompt_index: torch.Tensor  # [B] long, which input prompt row b came from
+    texts: list[str]  # [B] decoded responses, special tokens (EOS) left out
+    pad_id: int = 0
+
+    @property
+    def B(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.response_ids.shape[1]
+
+    @property
+    def P(self) -> int:
+        return self.prompt_ids.shape[1]
+
+    def select(self, idx) -> "Rollout":
+        """The rows `idx` (list of ints, long or bool tensor, or slice), as a Rollout of their own. Padding columns
+        that only the left-out rows needed are dropped (P and T shrink to the longest selected prompt and
+        response), which changes nothing for the selected rows: those columns are masked for all of them."""
+        if isinstance(idx, slice):
+            idx = range(self.B)[idx]
+        idx = torch.as_tensor(idx, device=self.response_ids.device).reshape(-1)
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero().squeeze(1)
+        idx = idx.long()
+        lengths = self.lengths[idx]  # [b]
+        P = int(self.prompt_mask[idx].sum(1).max()) if len(idx) else 0
+        T = int(lengths.max()) if len(idx) else 0
+        return Rollout(
+            prompt_ids=self.prompt_ids[idx, self.P - P:],  # [b, P'] left padding: keep the right-most columns
+            prompt_mask=self.prompt_mask[idx, self.P - P:],  # [b, P']
+            response_ids=self.response_ids[idx, :T],  # [b, T']
+            response_mask=self.response_mask[idx, :T],  # [b, T']
+            lengths=lengths,
+            truncated=self.truncated[idx],
+            sampler_logprobs=self.sampler_logprobs[idx, :T],  # [b, T']
+            prompt_index=self.prompt_index[idx],
+            texts=[self.texts[i] for i in idx.tolist()],
+            pad_id=self.pad_id,
+        )
+
+    def to(self, device) -> "Rollout":
+        return Rollout(**{f.name: getattr(self, f.name).to(device) if torch.is_tensor(getattr(self, f.name))
+                          else getattr(self, f.name) for f in fields(self)})
+
+    @staticmethod
+    def cat(rollouts: list["Rollout"]) -> "Rollout":
+        """Stack rollouts row-wise, padding prompts on the left and responses on the right to a common P and T.
+        `prompt_index` is kept as it is: offset it beforehand if the parts index different prompt lists."""
+        P = max(r.P for r in rollouts)
+        T = max(r.T for r in rollouts)
+        pad = rollouts[0].pad_id
+
+        def stack(name, width, left, value):
+            parts = [getattr(r, name) for r in rollouts]
+            parts = [F.pad(x, (width - x.shape[1], 0) if left else (0, width - x.shape[1]), value=value)
+                     for x in parts]
+            return torch.cat(parts, 0)  # [sum of B, width]
+
+        return Rollout(
+            prompt_ids=stack("prompt_ids", P, True, pad),
+            prompt_mask=stack("prompt_mask", P, True, 0),
+            response_ids=stack("response_ids", T, False, pad),
+            response_mask=stack("response_mask", T, False, 0),
+            lengths=torch.cat([r.lengths for r in rollouts]),
+            truncated=torch.cat([r.truncated for r in rollouts]),
+            sampler_logprobs=stack("sampler_logprobs", T, False, 0.0),
+            prompt_index=torch.cat([r.prompt_index for r in rollouts]),
+            texts=[t for r in rollouts for t in r.texts],
+            pad_id=pad,
+        )
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, so a left-padded prompt starts at 0 like an unpadded one (padding
+    columns get 0; they are masked anyway). [B, L] -> [B, L]."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def _cache_kwarg(model) -> str:
+    # transformers 5.x renamed the forward argument `past_key_values` to `cache`; accept either.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _output_cache(out):
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
+    """One sampling step. logits [B, V] float32 -> (token [B] long, log-prob of that token [B] float32).
+
+    The log-prob is under the distribution actually sampled from: softmax(logits / temperature), restricted to the
+    top-p nucleus (the smallest set of most likely tokens with mass >= top_p) and renormalised. With top_p < 1 it is
+    therefore NOT the policy's log-prob at that temperature (response_logprobs computes that one); with top_p = 1
+    the two agree. temperature 0 is greedy: the token is the argmax and its log-prob is taken at temperature 1
+    (the sampling distribution itself would be a point mass, log-prob 0, which tells nothing).
+    """
+    if temperature == 0:
+        token = logits.argmax(-1)  # [B]
+        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(1)
+    logits = logits / temperature
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)  # [B, V]
+        probs = sorted_logits.softmax(-1)
+        outside = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)  # back to vocabulary order
+    logprobs = logits.log_softmax(-1)  # [B, V]
+    token = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(1)  # [B]
+    return token, logprobs.gather(-1, token[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
+           eos_ids: list[int], pad_id: int, generator=None):
+    """Autoregressive sampling with a KV cache, one token per step for every row, until every row has produced
+    an EOS or max_new_tokens steps have run. A row that is done gets pad tokens with log-prob 0.
+
+    prompt_ids, prompt_mask [B, P] left-padded -> (tokens [B, T0] long, logprobs [B, T0] float32), T0 <= max_new.
+    Our own loop rather than `model.generate`: generate only exposes the sampling distribution through
+    `output_scores`, a [B, V] tensor per step kept for the whole generation (gigabytes for a 150k vocabulary),
+    while this loop keeps one [B, V] at a time.
+    """
+    B = prompt_ids.shape[0]
+    eos = torch.tensor(eos_ids, device=prompt_ids.device)
+    attention_mask = prompt_mask.long()
+    positions = position_ids(attention_mask)  # [B, P]
+    out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
+    next_position = positions[:, -1:] + 1  # [B, 1]; the last prompt column is real in every row (left padding)
+    cache_kw = _cache_kwarg(model)
+    done = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
+    tokens, logprobs = [], []
+    for _ in range(max_new_tokens):
+        token, logprob = sample_next(out.logits[:, -1].float(), temperature, top_p, generator)  # [B], [B]
+        token = token.masked_fill(done, pad_id)
+        logprob = logprob.masked_fill(done, 0.0)
+        tokens.append(token)
+        logprobs.append(logprob)
+        done |= torch.isin(token, eos)
+        if done.all():
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], 1)  # [B, P + t + 1]
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
+                    use_cache=True, **{cache_kw: _output_cache(out)})
+        next_position = next_position + 1
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1)  # [B, T0], [B, T0]
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a response: the tokenizer's EOS and the model's generation-config EOS tokens (an
+    instruct model ends its turn with e.g. <|im_end|>, its base text with <|endoftext|>)."""
+    ids = {tokenizer.eos_token_id}
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
+    return sorted(i for i in ids if i is not None)
+
+
+class HFEngine:
+    """Sampling with a Hugging Face causal LM. It holds a reference to the training model itself, so every call
+    samples from the current weights (no copy, no sync).
+
+    batch_size: at most this many prompts per forward pass (each gives n rows); None = all prompts at once.
+    """
+
+    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
+                 batch_size: int | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = eos_token_ids(model, tokenizer)
+
+    def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
+                 max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
+        """n samples of each prompt -> Rollout with B = len(prompts) * n rows, sample g of prompt i at row i*n + g.
+
+        temperature 0 is greedy. seed fixes the samples (for a given batch_size) without touching the global RNG.
+        The model is put in eval mode while sampling and its previous mode restored afterwards.
+        """
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not prompts:
+            raise ValueError("no prompts to sample from")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        device = next(self.model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        step = self.batch_size or len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [self._generate(prompts[i:i + step], i, n, temperature, top_p, max_new_tokens, generator, device)
+                     for i in range(0, len(prompts), step)]
+        finally:
+            self.model.train(was_training)
+        return Rollout.cat(parts)
+
+    def _generate(self, prompts, first_index, n, temperature, top_p, max_new_tokens, generator, device) -> Rollout:
+        encoded = self.tokenizer(list(prompts))["input_ids"]
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise ValueError(f"prompt {first_index + i} is empty after tokenisation")
+        P = max(len(ids) for ids in encoded)
+        prompt_ids = torch.full((len(encoded), P), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(encoded), P), dtype=torch.long)
+        for i, ids in enumerate(encoded):  # left padding: the prompt ends where the response starts
+            prompt_ids[i, P - len(ids):] = torch.tensor(ids)
+            prompt_mask[i, P - len(ids):] = 1
+        prompt_ids = prompt_ids.repeat_interleave(n, 0).to(device)  # [B, P], rows i*n .. i*n+n-1 are prompt i
+        prompt_mask = prompt_mask.repeat_interleave(n, 0).to(device)  # [B, P]
+        tokens, logprobs = sample(self.model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
+                                  self.eos_ids, self.pad_id, generator)  # [B, T0], [B, T0]
+
+        is_eos = torch.isin(tokens, torch.tensor(self.eos_ids, device=device))  # [B, T0]
+        has_eos = is_eos.any(1)  # [B]
+        lengths = torch.where(has_eos, is_eos.long().argmax(1) + 1, tokens.shape[1])  # [B] up to the first EOS
+        T = int(lengths.max())
+        response_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [B, T]
+        response_ids = tokens[:, :T].masked_fill(response_mask == 0, self.pad_id)  # [B, T]
+        texts = self.tokenizer.batch_decode([ids[:length] for ids, length in
+                                             zip(response_ids.tolist(), lengths.tolist())], skip_special_tokens=True)
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+            lengths=lengths, truncated=~has_eos,
+            sampler_logprobs=logprobs[:, :T].float() * response_mask,  # [B, T]
+            prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(n) + first_index,  # [B]
+            texts=texts, pad_id=self.pad_id)
+
+
+def _inputs(rollout: Rollout):
+    """The model input that scores every response token in one forward pass: the prompt followed by the response
+    without its last column (whose output would predict past the end). [B, P + T - 1] ids, mask and positions."""
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids[:, :-1]], 1)  # [B, P + T - 1]
+    attention_mask = torch.cat([rollout.prompt_mask, rollout.response_mask[:, :-1]], 1).long()  # [B, P + T - 1]
+    return input_ids, attention_mask, position_ids(attention_mask)
+
+
+def response_logprobs(model, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False):
+    """log pi(r_t | prompt, r_<t) of every response token under `model` at `temperature`, with gradients.
+
+    Returns (logprobs [B, T] float32, entropy [B, T] float32 or None), both exactly 0 under the mask. The output at
+    input position P-1+t predicts response token t. Computed in float32 from the chosen token's logit minus the
+    logsumexp over the vocabulary, so no [B, T, V] log-softmax is kept beyond the float32 logits themselves; the
+    entropy H = logsumexp(z) - sum_v softmax(z)_v z_v needs the whole distribution and is only computed on request.
+    These equal the sampler's log-probs on the same weights when the rollout was sampled with top_p = 1 at the same
+    temperature (see sample_next); for top_p < 1 they are the untruncated policy's, as PPO's ratio needs.
+    """
+    input_ids, attention_mask, positions = _inputs(rollout)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                logits_to_keep=rollout.T)
+    logits = out.logits.float()  # [B, T, V], position P-1+t predicts response token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    logsumexp = logits.logsumexp(-1)  # [B, T]
+    chosen = logits.gather(-1, rollout.response_ids[..., None]).squeeze(-1)  # [B, T]
+    mask = rollout.response_mask.bool()
+    logprobs = torch.where(mask, chosen - logsumexp, 0.0)  # [B, T]
+    entropy = None
+    if with_entropy:
+        entropy = logsumexp - (logits.softmax(-1) * logits).sum(-1)  # [B, T]
+        entropy = torch.where(mask, entropy, 0.0)
+    return logprobs, entropy
+
+
+def response_values(value_model, rollout: Rollout) -> torch.Tensor:
+    """values[b, t] = V(s_t), the value of the state before response token t, with gradients; 0 under the mask.
+
+    The value head's output at a position is the value of the state that ends with that position's token, so
+    V(s_t) is read at the token just before r_t: the last prompt token for t = 0.
+
+        input position   ...  P-2   P-1   P    P+1  ...  P+T-2
+        input token      ...  p     p     r0   r1   ...  r_{T-2}
+        head output            .  V(s_0) V(s_1) V(s_2) ... V(s_{T-1})
+        values[b, :]             [  0     1     2   ...   T-1 ]
+
+    The state after the last token (s_T, after the EOS) is terminal: V = 0 there by definition, so it is not
+    computed (GAE uses 0, see gae.py). Returns [B, T] float32.
+    """
+    input_ids, attention_mask, positions = _inputs(rollout)
+    out = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    values = out.logits[:, -rollout.T:, 0].float()  # [B, T]: positions P-1 .. P+T-2
+    return torch.where(rollout.response_mask.bool(), values, 0.0)
+
+
+@torch.no_grad()
+def score_rollout(policy, value_model, rollout: Rollout, micro_batch_size: int = 16, temperature: float = 1.0
+                  ) -> dict[str, torch.Tensor]:
+    """Step 3 of the loop: the old policy's log-probs and entropy, and the critic's values, of every response token,
+    without gradients, `micro_batch_size` rows per forward pass, models in eval mode (their modes are restored).
+
+    Returns {"old_logprobs": [B, T], "entropy": [B, T], "values": [B, T]} (float32, 0 under the mask), "values"
+    only when value_model is not None (GRPO-style runs have no critic).
+    """
+    models = [m for m in (policy, value_model) if m is not None]
+    modes = [m.training for m in models]
+    for m in models:
+        m.eval()
+    parts: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "entropy": []}
+    if value_model is not None:
+        parts["values"] = []
+    try:
+        for start in range(0, rollout.B, micro_batch_size):
+            mb = rollout.select(slice(start, start + micro_batch_size))  # trimmed to its own longest response
+            widen = (0, rollout.T - mb.T)  # back to the full batch's T
+            logprobs, entropy = response_logprobs(policy, mb, temperature, with_entropy=True)
+            parts["old_logprobs"].append(F.pad(logprobs, widen))
+            parts["entropy"].append(F.pad(entropy, widen))
+            if value_model is not None:
+                parts["values"].append(F.pad(response_values(value_model, mb), widen))
+    finally:
+        for m, mode in zip(models, modes):
+            m.train(mode)
+    return {k: torch.cat(v, 0) for k, v in parts.items()}  # each [B, T]

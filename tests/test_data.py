@@ -1,0 +1,147 @@
+"""data.py: local JSONL / Parquet files, field mappings and presets, templates, malformed rows, offline hub names.
+Nothing is downloaded: hub datasets are replaced by a stand-in `datasets` module."""
+import json
+import sys
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, gsm8k_answer, load_prompts
+from task import build_tokenizer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def fake_datasets(monkeypatch, rows=None, error=None):
+    """Install a stand-in `datasets` module; returns the list of load_dataset calls it received."""
+    calls = []
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        if error is not None:
+            raise error
+        return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", SimpleNamespace(load_dataset=load_dataset))
+    return calls
+
+
+def test_jsonl_with_field_mapping(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"q": "What is 2+3?", "a": 5}, {"q": "Name x.", "a": " x "}])
+    rows = load_prompts(path, question_field="q", answer_field="a", template="raw")
+    assert rows == [{"prompt": "What is 2+3?", "question": "What is 2+3?", "answer": "5"},
+                    {"prompt": "Name x.", "question": "Name x.", "answer": "x"}]
+    assert len(load_prompts(path, question_field="q", answer_field="a", limit=1)) == 1
+
+
+def test_parquet_with_nested_fields(tmp_path):
+    table = pa.table({"problem": ["1+1?", "2*3?", "10/4?"],
+                      "meta": [{"gold": "2"}, {"gold": "6"}, {"gold": "2.5"}]})
+    pq.write_table(table, tmp_path / "p.parquet")
+    rows = load_prompts(str(tmp_path / "p.parquet"), question_field="problem", answer_field="meta.gold")
+    assert [r["answer"] for r in rows] == ["2", "6", "2.5"]
+    assert rows[1]["prompt"] == format_prompt("2*3?", "base") and rows[1]["question"] == "2*3?"
+
+
+def test_default_fields_and_float_answer(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "half of 5?", "answer": 2.5}, ""])  # blank line: no row
+    assert load_prompts(path, template="raw") == [{"prompt": "half of 5?", "question": "half of 5?", "answer": "2.5"}]
+
+
+def test_gsm8k_answer():
+    assert gsm8k_answer("She pays 3 * 400 = 1,200 dollars.\n#### 1,200") == "1200"
+    assert gsm8k_answer("#### -7") == "-7"
+    with pytest.raises(ValueError, match="####"):
+        gsm8k_answer("no marker 12")
+
+
+def test_templates():
+    question = "What is 6*7?"
+    base = format_prompt(question, "base")
+    assert question in base and "Answer:" in base and base.startswith("Solve the following math problem")
+    assert base == DAPO_PREFIX + question + DAPO_SUFFIX
+    assert format_prompt(question, "raw") == question
+    tok = build_tokenizer()  # a fresh one: the session fixture stays untouched
+    with pytest.raises(ValueError, match="chat template"):
+        format_prompt(question, "chat", tok)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert format_prompt(question, "chat", tok) == f"<user>{base}</user><assistant>"
+    with pytest.raises(ValueError, match="unknown template"):
+        format_prompt(question, "fancy")
+
+
+@pytest.mark.parametrize("lines, where, cause", [
+    (['{"question": "ok", "answer": "1"}', "", '{"question": "broken", '], "line 3", "not valid JSON"),
+    (['{"question": "ok", "answer": "1"}', '{"question": "no answer"}'], "line 2", "missing field 'answer'"),
+    (['{"question": "   ", "answer": "1"}'], "line 1", "empty question"),
+    (['{"question": "q", "answer": null}'], "line 1", "not a string or a number"),
+    (['{"question": "q", "answer": [1, 2]}'], "line 1", "not a string or a number"),
+    (['{"question": "q", "answer": true}'], "line 1", "not a string or a number"),
+    (['{"question": 12, "answer": "1"}'], "line 1", "not a string"),
+    (['["question", "answer"]'], "line 1", "missing field"),
+])
+def test_malformed_jsonl_rows(tmp_path, lines, where, cause):
+    path = write_jsonl(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(ValueError, match="bad.jsonl") as info:
+        load_prompts(path)
+    assert where in str(info.value) and cause in str(info.value)
+
+
+def test_malformed_parquet_row(tmp_path):
+    pq.write_table(pa.table({"question": ["a", None], "answer": ["1", "2"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet, row 2"):
+        load_prompts(str(tmp_path / "bad.parquet"))
+
+
+def test_missing_file_and_unknown_extension(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_prompts(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "p.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="not a .jsonl or .parquet"):
+        load_prompts(str(tmp_path / "p.txt"))
+    with pytest.raises(ValueError, match="unknown template"):
+        load_prompts(str(tmp_path / "p.txt"), template="instruct")
+
+
+def test_gsm8k_preset(monkeypatch):
+    calls = fake_datasets(monkeypatch, [{"question": "Q1?", "answer": "work\n#### 1,234"},
+                                        {"question": "Q2?", "answer": "#### 7"}])
+    rows = load_prompts("openai/gsm8k", split="test", template="raw")
+    assert calls == [("openai/gsm8k", "main", "test")]
+    assert [(r["question"], r["answer"]) for r in rows] == [("Q1?", "1234"), ("Q2?", "7")]
+    fake_datasets(monkeypatch, [{"question": "Q1?", "answer": "no marker"}])
+    with pytest.raises(ValueError, match=r"openai/gsm8k \(train\), row 1.*####"):
+        load_prompts("openai/gsm8k")
+
+
+def test_dapo_preset_strips_its_template_and_dedupes(monkeypatch):
+    def row(question, answer):
+        return {"data_source": "math_dapo", "prompt": [{"content": DAPO_PREFIX + question + DAPO_SUFFIX,
+                                                        "role": "user"}],
+                "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lean"},
+                "extra_info": {"index": "x"}}
+
+    fake_datasets(monkeypatch, [row("Find x.", "3"), row("Find x.", "3"), row("Find y.", "4")])
+    rows = load_prompts("BytedTsinghua-SIA/DAPO-Math-17k")
+    assert [(r["question"], r["answer"]) for r in rows] == [("Find x.", "3"), ("Find y.", "4")]
+    assert rows[0]["prompt"] == row("Find x.", "3")["prompt"][0]["content"]  # "base" rebuilds DAPO's prompt
+
+
+def test_aime_and_math500_presets(monkeypatch):
+    fake_datasets(monkeypatch, [{"ID": "2024-I-1", "Problem": "P?", "Solution": "s", "Answer": 204}])
+    assert load_prompts("Maxwell-Jia/AIME_2024", template="raw")[0]["answer"] == "204"
+    calls = fake_datasets(monkeypatch, [{"problem": "P?", "solution": "s", "answer": "\\frac{1}{2}"}])
+    assert load_prompts("HuggingFaceH4/MATH-500", split="test")[0]["answer"] == "\\frac{1}{2}"
+    assert calls == [("HuggingFaceH4/MATH-500", None, "test")]
+
+
+def test_hub_name_offline_gives_a_clear_error(monkeypatch):
+    fake_datasets(monkeypatch, error=ConnectionError("Couldn't reach the Hugging Face Hub"))
+    with pytest.raises(RuntimeError, match=r"openai/gsm8k.*Offline, give a local \.jsonl or \.parquet"):
+        load_prompts("openai/gsm8k")

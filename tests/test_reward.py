@@ -1,0 +1,408 @@
+"""reward.py: answer extraction, equivalence, the two verifiers, overlong shaping, and bounded parallel scoring.
+
+The worker-pool tests share one persistent pool of 2 workers (the machine has 2 cores); each bounds its wall
+time generously (a loaded CI machine), but far below what an unbounded verifier would take.
+"""
+import functools
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from math_verify import LatexExtractionConfig, parse, verify
+
+import reward
+from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, extract_answer, math_equal, math_reward,
+                    overlong_penalty, score_batch)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLACK_S = 4.0  # start-up of a replacement worker and a busy machine; a hang would take minutes
+
+
+def _fragile_verifier(response: str, gold: str) -> float:
+    """A verifier that misbehaves on request, to test the pool (module-level, so workers can import it)."""
+    if response == "hang":
+        time.sleep(600)  # no signal.alarm here: only a kill ends it
+    if response == "crash":
+        os._exit(3)
+    if response == "raise":
+        raise RuntimeError("boom")
+    if response == "nan":
+        return float("nan")
+    return CORRECT_REWARD if response == gold else WRONG_REWARD
+
+
+def _pool_pids():
+    return reward._shared_pool(2, os.getpid()).pids()
+
+
+# --------------------------------------------------------------------------------------------------------
+# extract_answer
+# --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    (r"so \boxed{42}.", "42"),
+    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # nested braces
+    (r"\boxed{ {a}^{ {b} } }", "{a}^{ {b} }"),
+    (r"\fbox{7}", "7"),
+    (r"\boxed {7}", "7"),
+    (r"first \boxed{1}, then \boxed{2}", "2"),  # the last box wins
+    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces are text, not groups
+    (r"\boxed{3} and finally \boxed{4", "3"),  # a box cut off by truncation is not an answer
+    (r"\boxed{\boxed{5}}", r"\boxed{5}"),  # the box that closes last
+    (r"\boxed{}", None),
+    (r"\boxed{  }", None),
+    ("reasoning\nAnswer: 13", "13"),
+    ("Answer: -12", "-12"),
+    ("Answer: 1\nmore text\nAnswer:   7  \n", "7"),  # the last one, the rest of its line only
+    ("Final answer: 5", "5"),
+    ("**Answer:** 12", "12"),  # markdown bold
+    ("Answer: **12**", "12"),
+    ("Answer: 12.", "12"),  # the sentence's full stop
+    ("Answer: 3.5", "3.5"),
+    (r"Answer: $\frac{1}{2}$", r"$\frac{1}{2}$"),
+    (r"Answer: 9 but \boxed{8}", "8"),  # a box beats an Answer: line
+    ("Answer:", None),
+    ("Answer:\n5", None),  # the rest of that line is empty
+    ("the result is 5", None),
+    ("", None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_extract_answer_is_linear_on_adversarial_text():
+    start = time.perf_counter()
+    assert extract_answer(r"\boxed{" * 100_000) is None  # 100k unclosed boxes
+    assert extract_answer("{" * 50_000 + r"\boxed{1}" + "}" * 50_000) == "1"
+    assert extract_answer("Answer" * 100_000 + ":" + " " * 100_000) is None
+    assert time.perf_counter() - start < 2.0
+
+
+def test_extract_answer_rejects_non_strings():
+    with pytest.raises(TypeError, match="str"):
+        extract_answer(None)
+
+
+# --------------------------------------------------------------------------------------------------------
+# math_reward / math_equal
+# --------------------------------------------------------------------------------------------------------
+
+R, W = CORRECT_REWARD, WRONG_REWARD
+MATH_TABLE = [
+    # forms
+    (r"so \boxed{42}", "42", R),
+    ("Answer: 42", "42", R),
+    ("**Answer:** 42.", "42", R),
+    (r"\fbox{42}", "42", R),
+    # fractions, decimals, LaTeX variants
+    (r"\boxed{1/2}", "0.5", R),
+    (r"\boxed{\frac{1}{2}}", "0.5", R),
+    (r"\boxed{\dfrac{1}{2}}", r"\frac12", R),
+    (r"\boxed{\tfrac{3}{4}}", "0.75", R),
+    (r"\boxed{\frac{\sqrt{2}}{2}}", r"1/\sqrt{2}", R),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", R),
+    (r"\boxed{3.0}", "3", R),
+    (r"\boxed{.5}", r"\frac{1}{2}", R),
+    (r"Answer: $\frac{7}{2}$", r"3\frac{1}{2}", R),
+    (r"\boxed{x = 3}", "3", R),
+    (r"\boxed{50\%}", "50", R),
+    # negatives
+    (r"\boxed{-12}", "-12", R),
+    ("Answer: -12", "-12", R),
+    (r"\boxed{−12}", "-12", R),  # unicode minus
+    (r"\boxed{-\frac{1}{2}}", "-0.5", R),
+    # sets and intervals
+    (r"\boxed{\{3, 1, 2\}}", r"\{1, 2, 3\}", R),
+    (r"\boxed{[1, 3)}", "[1,3)", R),
+    (r"\boxed{(-\infty, 2]}", r"(-\infty,2]", R),
+    # thousands separators
+    (r"\boxed{1,000}", "1000", R),
+    (r"\boxed{10{,}000}", "10000", R),
+    (r"\boxed{10,\!000}", "10000", R),
+    (r"\boxed{1\,000}", "1000", R),  # our addition, see test_latex_space_thousands_separator
+    # several boxes: the last wins
+    (r"\boxed{2} no wait \boxed{3}", "3", R),
+    (r"\boxed{3} no wait \boxed{2}", "3", W),
+    # no answer, empty
+    ("the answer is clearly three", "3", W),
+    ("", "3", W),
+    (r"\boxed{}", "3", W),
+    # near misses that must be wrong
+    (r"\boxed{1/2}", "1/3", W),
+    (r"\boxed{[1,3)}", "[1,3]", W),
+    (r"\boxed{(1,3)}", "[1,3)", W),
+    (r"\boxed{12}", "-12", W),
+    (r"\boxed{0.333}", "1/3", W),
+    (r"\boxed{\{1, 2\}}", r"\{1, 2, 3\}", W),
+    (r"\boxed{12.0001}", "12", W),
+    (r"\boxed{\sqrt{2}}", "2", W),
+    (r"\boxed{0}", r"1\,000", W),  # math-verify alone says equal (it reads 1\,000 as 1*0)
+    (r"\boxed{5}}", "5", R),  # the stray brace is outside the box
+    ("Answer: 5}", "5", W),  # unbalanced braces are not a well-formed answer
+]
+
+
+@pytest.mark.parametrize("response, gold, expected", MATH_TABLE)
+def test_math_reward_table(response, gold, expected):
+    assert math_reward(response, gold) == expected
+
+
+def test_math_reward_through_the_pool_keeps_order():
+    responses, golds, expected = zip(*MATH_TABLE)
+    assert score_batch(list(responses), list(golds), num_workers=2) == list(expected)
+
+
+def test_math_reward_custom_values_and_bad_gold():
+    assert math_reward(r"\boxed{2}", "2", correct=5.0, wrong=0.0) == 5.0
+    assert math_reward(r"\boxed{3}", "2", correct=5.0, wrong=0.0) == 0.0
+    with pytest.raises(ValueError, match="gold"):
+        math_reward(r"\boxed{3}", "  ")
+
+
+def test_math_equal_edge_cases():
+    assert math_equal(" 7 ", "7")  # exact match after strip, no parsing
+    assert not math_equal("", "")  # blank commits to nothing
+    assert not math_equal("1" * 2000, "1" * 1999)  # too long to parse
+    assert math_equal("1" * 2000, "1" * 2000)  # but an exact match is cheap and still counts
+
+
+def test_latex_space_thousands_separator():
+    """Why _join_digit_groups exists: math-verify reads LaTeX spaces between digit groups as products."""
+    latex_only = [LatexExtractionConfig()]
+    assert verify(parse(r"\boxed{1\,000}", latex_only), parse(r"\boxed{0}", latex_only))  # 1*0 == 0
+    assert not verify(parse(r"\boxed{1\,000}", latex_only), parse(r"\boxed{1000}", latex_only))
+    assert math_equal("1000", r"1\,000") and not math_equal("0", r"1\,000")
+    assert math_equal(r"1\,000\,000", "10^6")
+    assert math_equal(r"1~000", "1000") and math_equal(r"12\ 345", "12345")
+    assert not math_equal("0.12", r"0.1\,2")  # not three-digit groups: left to math-verify
+
+
+def test_answer_line_punctuation():
+    """Why extract_answer drops "**" and a final period on the Answer: line: math-verify cannot parse them."""
+    latex_only = [LatexExtractionConfig()]
+    assert not verify(parse(r"\boxed{12}", latex_only), parse(r"\boxed{12.}", latex_only))
+    assert not verify(parse(r"\boxed{12}", latex_only), parse(r"\boxed{** 12}", latex_only))
+    assert math_reward("Answer: 12.", "12") == CORRECT_REWARD
+    assert math_reward("**Answer:** 12", "12") == CORRECT_REWARD
+
+
+def test_math_equal_never_reaches_parse_expr(monkeypatch):
+    """Model text must not reach sympy's parse_expr (it runs eval): we use math-verify's LaTeX parser only."""
+    import latex2sympy2_extended.latex2sympy2 as l2s
+    import math_verify.parser
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("parse_expr called")
+
+    monkeypatch.setattr(math_verify.parser, "parse_expr", forbidden)
+    monkeypatch.setattr(l2s, "parse_expr", forbidden)
+    for response, gold, expected in MATH_TABLE[:20]:
+        assert math_reward(response, gold) == expected
+    assert not math_equal("2**3", "8") and not math_equal("2*4", "9")
+
+
+# --------------------------------------------------------------------------------------------------------
+# injection
+# --------------------------------------------------------------------------------------------------------
+
+def _injections(marker):
+    payload = f"__import__('os').system('touch {marker}')"
+    return [
+        rf"\boxed{{{payload}}}",
+        f"Answer: {payload}",
+        rf"""\boxed{{exec("open('{marker}', 'w').write('x')")}}""",
+        rf"""\boxed{{eval("__import__('pathlib').Path('{marker}').touch()")}}""",
+        rf"\boxed{{().__class__.__bases__[0].__subclasses__()}} \boxed{{{payload}}}",
+        f"The final answer is {payload}",
+        payload,
+    ]
+
+
+def test_injection_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    responses = _injections(marker)
+    for response in responses:
+        assert math_reward(response, "0") == WRONG_REWARD
+        assert arith_reward(response, "0") == WRONG_REWARD
+        answer = extract_answer(response)
+        assert answer is None or not math_equal(answer, "0")
+    assert score_batch(responses, ["0"] * len(responses), num_workers=2) == [WRONG_REWARD] * len(responses)
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------------------------------------
+# arith_reward
+# --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("response, gold, expected", [
+    ("3+4=7 7*2=14\nAnswer: 14", "14", R),
+    ("Answer: -12", "-12", R),
+    ("Answer: +12", "12", R),
+    ("Answer: 012", "12", R),
+    ("  Answer:   7  ", "7", R),
+    ("Answer: 12.", "12", R),  # one sentence-final period is dropped by extract_answer
+    (r"so \boxed{7}", "7", R),
+    ("Answer: 13\nAnswer: 14", "14", R),
+    ("Answer: " + "9" * 30, "9" * 30, R),
+    ("Answer: 14", "-14", W),
+    ("Answer: 12.0", "12", W),
+    ("Answer: $12$", "12", W),
+    ("Answer: 12 apples", "12", W),
+    ("Answer: 1e1", "10", W),
+    ("Answer: 1_000", "1000", W),  # int() would accept it
+    ("Answer: ٣", "3", W),  # a non-ASCII digit; int() would accept it
+    ("Answer: --3", "3", W),
+    ("Answer: " + "9" * 31, "9" * 30, W),  # too many digits: never converted
+    ("Answer: 7 + 7", "14", W),
+    ("14", "14", W),  # no answer line
+    ("", "14", W),
+])
+def test_arith_reward(response, gold, expected):
+    assert arith_reward(response, gold) == expected
+
+
+@pytest.mark.parametrize("gold", ["x", "1.5", "", "9" * 31, " "])
+def test_arith_reward_rejects_malformed_gold(gold):
+    with pytest.raises(ValueError, match="gold"):
+        arith_reward("Answer: 1", gold)
+
+
+def test_arith_reward_in_process_is_fast_and_matches():
+    responses = [f"2+2=4\nAnswer: {i - 50}" for i in range(10_000)]
+    golds = [str(i % 100 - 50) for i in range(10_000)]
+    start = time.perf_counter()
+    scores = score_batch(responses, golds, verifier=arith_reward, num_workers=0)
+    assert time.perf_counter() - start < 1.0
+    assert scores == [arith_reward(r, g) for r, g in zip(responses, golds)]
+    assert scores.count(CORRECT_REWARD) == 100
+
+
+# --------------------------------------------------------------------------------------------------------
+# overlong_penalty (DAPO Eq. 13)
+# --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("length, max_length, cache_length, expected", [
+    (0, 20, 4, 0.0), (16, 20, 4, 0.0), (17, 20, 4, -0.25), (18, 20, 4, -0.5), (19, 20, 4, -0.75),
+    (20, 20, 4, -1.0), (21, 20, 4, -1.0), (10**6, 20, 4, -1.0),
+    (16384, 20480, 4096, 0.0), (18432, 20480, 4096, -0.5), (20480, 20480, 4096, -1.0),  # DAPO's setting
+    (20, 20, 0, 0.0), (21, 20, 0, -1.0),  # no cache: a hard cut
+    (0, 20, 20, 0.0), (10, 20, 20, -0.5),
+])
+def test_overlong_penalty(length, max_length, cache_length, expected):
+    assert overlong_penalty(length, max_length, cache_length) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args, name", [
+    ((-1, 20, 4), "length"), ((3.5, 20, 4), "length"), (("5", 20, 4), "length"),
+    ((5, 0, 0), "max_length"), ((5, 20.0, 4), "max_length"),
+    ((5, 20, -1), "cache_length"), ((5, 20, 21), "cache_length"),
+])
+def test_overlong_penalty_validates(args, name):
+    with pytest.raises(ValueError, match=f"^{name} "):
+        overlong_penalty(*args)
+
+
+# --------------------------------------------------------------------------------------------------------
+# score_batch
+# --------------------------------------------------------------------------------------------------------
+
+def test_score_batch_validates():
+    with pytest.raises(ValueError, match="2 responses but 1 golds"):
+        score_batch(["a", "b"], ["a"])
+    with pytest.raises(TypeError, match=r"golds\[1\]"):
+        score_batch(["a", "b"], ["a", None])
+    with pytest.raises(ValueError, match="num_workers"):
+        score_batch(["a"], ["a"], num_workers=-1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        score_batch(["a"], ["a"], timeout_s=0)
+    with pytest.raises(TypeError, match="picklable"):
+        score_batch(["a"], ["a"], verifier=lambda r, g: 1.0, num_workers=2)
+    assert score_batch([], []) == []
+
+
+def test_pool_is_persistent_across_calls():
+    score_batch(["1", "2"], ["1", "2"], _fragile_verifier, num_workers=2)
+    pids = _pool_pids()
+    assert score_batch(["1", "2", "3"], ["1", "0", "3"], _fragile_verifier, num_workers=2) == [R, W, R]
+    assert _pool_pids() == pids  # the same processes: start-up (seconds, see bench/) is paid once
+
+
+def test_pathological_items_are_bounded_and_the_rest_scored(caplog):
+    # warm (start-up and math-verify's first call are not what is measured)
+    score_batch([r"\boxed{1/2}"] * 4, ["0.5"] * 4, num_workers=2)
+    cases = [
+        (r"\boxed{1/2}", "0.5", R),
+        (r"\boxed{9^{9^{9^9}}}", "5", W),
+        (r"\boxed{" + "1" * 100_000 + "}", "1", W),
+        (r"\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}", "1", W),
+        (r"\boxed{" * 100_000, "1", W),
+        ("Answer: 7", "7", R),
+        (r"\boxed{\{2, 1\}}", r"\{1, 2\}", R),
+    ]
+    responses, golds, expected = map(list, zip(*cases))
+    timeout_s = 1.5  # below math-verify's own 2 s, so the power tower is killed by our bound
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="reward"):
+        scores = score_batch(responses, golds, num_workers=2, timeout_s=timeout_s)
+    assert time.perf_counter() - start < timeout_s + SLACK_S
+    assert scores == expected
+    assert "1 timed out" in caplog.text
+
+
+def test_stuck_and_crashed_workers_lose_no_other_result(caplog):
+    responses = ["1", "hang", "2", "crash", "3", "raise", "4", "nan", "5", "6"]
+    golds = ["1", "x", "2", "x", "0", "x", "4", "x", "5", "6"]
+    expected = [R, W, R, W, W, W, R, W, R, R]
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="reward"):
+        scores = score_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=2.0)
+    assert time.perf_counter() - start < 2.0 + 2 * SLACK_S  # the hang is killed at 2 s; two replacements
+    assert scores == expected
+    assert "1 timed out" in caplog.text and "3 failed" in caplog.text
+    assert "boom" in caplog.text and "exit code 3" in caplog.text and "non-finite" in caplog.text
+    # the pool is whole again and still works
+    assert score_batch(["7", "8"], ["7", "8"], _fragile_verifier, num_workers=2) == [R, R]
+    assert len(_pool_pids()) == 2
+
+
+def test_oversized_responses_are_wrong_without_parsing(caplog):
+    def must_not_run(response, gold):
+        assert len(response) <= 100, "the verifier saw an oversized response"
+        return CORRECT_REWARD
+
+    with caplog.at_level(logging.WARNING, logger="reward"):
+        scores = score_batch(["a" * 101, "b"], ["x", "x"], must_not_run, num_workers=0, max_response_chars=100)
+    assert scores == [WRONG_REWARD, CORRECT_REWARD]
+    assert "1 longer than 100 chars" in caplog.text
+
+
+def test_custom_values_through_partial():
+    verifier = functools.partial(math_reward, correct=1.0, wrong=0.0)
+    assert score_batch([r"\boxed{2}", r"\boxed{3}"], ["2", "2"], verifier, num_workers=2, wrong=0.0) == [1.0, 0.0]
+
+
+def _alive(pid: int) -> bool:
+    """True while pid runs; an exited process that nobody has reaped yet (a zombie) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "os.kill(os.getpid(), 9)"])
+def test_workers_do_not_outlive_the_trainer(ending):
+    """A normal exit closes the pool (atexit); a killed parent's workers see their pipe close and exit."""
+    code = ("import os, sys, reward\n"
+            "reward.score_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1)\n"
+            "print(*reward._shared_pool(1, os.getpid()).pids(), flush=True)\n" + ending + "\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, out.stderr
+    deadline = time.monotonic() + 10
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, pids))

@@ -1,0 +1,224 @@
+"""vapo.py: the config, each switch, a few training steps on a tiny random model, resume, the command line."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vapo
+from vapo import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A few seconds per run: 4 prompts x 2 samples of at most 24 tokens on a 1M-parameter random model.
+TINY = dict(dataset="builtin", steps=2, prompts_per_step=4, samples_per_prompt=2, mini_batch_size=4,
+            micro_batch_size=2, max_new_tokens=24, actor_lr=1e-3, critic_lr=1e-3, warmup_steps=1,
+            value_pretrain_steps=1, eval_every=0, eval_prompts=4, eval_samples=2, save_every=0, alpha=0.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from task import build_tiny_policy, build_tokenizer
+    path = str(tmp_path_factory.mktemp("tiny"))
+    tok = build_tokenizer()
+    build_tiny_policy(tok, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def tiny_config(model_dir, out_dir, **kw):
+    return Config(**{**TINY, "model": model_dir, "output_dir": str(out_dir), **kw}).validate()
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def weights(folder):
+    return {k: v for f in os.listdir(folder) if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(folder, f)).items()}
+
+
+# ---- config -----------------------------------------------------------------------------------------------
+
+def test_defaults_are_the_papers():
+    c = Config()
+    assert (c.actor_lr, c.critic_lr, c.eps_low, c.eps_high, c.mu, c.alpha, c.lam_critic) == \
+        (1e-6, 2e-6, 0.2, 0.28, 0.1, 0.05, 1.0)
+    assert (c.prompts_per_step, c.samples_per_prompt, c.mini_batch_size, c.value_pretrain_steps) == (512, 16, 512, 50)
+    assert (c.eval_samples, c.eval_temperature, c.eval_top_p) == (32, 1.0, 0.7)
+    assert c.batch_size == 8192 and c.loss_agg == "token-mean" and c.eps_high_used == 0.28
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.mu = 0.5
+
+
+@pytest.mark.parametrize("overrides, option", [
+    (dict(clip_higher=True, eps_low=0.3, eps_high=0.2), "--eps-high"),
+    (dict(alpha=0.0), "--alpha"),
+    (dict(prompts_per_step=3, samples_per_prompt=2, mini_batch_size=4), "--mini-batch-size"),
+    (dict(mini_batch_size=512, micro_batch_size=5), "--micro-batch-size"),
+    (dict(temperature=0.0), "--temperature"),
+])
+def test_validation_names_the_option(overrides, option):
+    with pytest.raises(ValueError, match=option):
+        Config(**overrides).validate()
+
+
+def test_help_shows_each_fields_documentation():
+    text = vapo.build_parser().format_help()
+    docs = vapo.field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Config)}  # every field is documented
+    for name in ("eps_high", "value_pretrain_steps", "alpha"):
+        assert f"--{name.replace('_', '-')}" in text
+        assert docs[name].split()[0] in text
+    assert "--no-clip-higher" in text and "--no-positive-nll" in text
+
+
+def test_cli_overrides_preset_and_rejects_bad_values():
+    cfg, resume = vapo.config_from_args(["--steps", "7", "--no-clip-higher", "--value-clip", "0.5"])
+    assert cfg.steps == 7 and not cfg.clip_higher and cfg.value_clip == 0.5 and resume is None
+    assert cfg.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
+    cfg, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
+    assert cfg.prompts_per_step == 512 and cfg.value_clip is None  # with --model: the paper's values
+    with pytest.raises(SystemExit, match="--eps-high"):
+        vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
+
+
+def test_switches_change_derived_values():
+    c = Config(clip_higher=False, token_level_loss=False, group_sampling=False)
+    assert c.eps_high_used == c.eps_low
+    assert c.loss_agg == "seq-mean-token-mean"
+    assert c.group_size == 1 and c.prompts_per_rollout == c.batch_size
+
+
+# ---- phases of a step -------------------------------------------------------------------------------------
+
+class FakeRollout:
+    def __init__(self, lengths, T):
+        self.lengths = torch.tensor(lengths)
+        self.response_mask = (torch.arange(T)[None, :] < self.lengths[:, None]).long()
+        self.B = len(lengths)
+
+
+def test_terminal_rewards_sit_on_the_last_token():
+    mask = FakeRollout([3, 1, 0], T=4).response_mask
+    r = vapo.terminal_rewards(torch.tensor([1.0, -1.0, 1.0]), mask)
+    assert r.tolist() == [[0, 0, 1, 0], [-1, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def test_length_adaptive_and_decoupled_switches():
+    ro = FakeRollout([10, 40], T=40)
+    rewards = vapo.terminal_rewards(torch.tensor([1.0, -1.0]), ro.response_mask)
+    values = torch.rand(2, 40) * ro.response_mask
+    _, ret, lam = vapo.advantages_and_returns(ro, rewards, values, Config(alpha=0.5))
+    assert lam.tolist() == pytest.approx([0.8, 0.95])
+    torch.testing.assert_close(ret, rewards.sum(-1, keepdim=True) * ro.response_mask)  # lam_critic = 1: MC
+    _, _, lam = vapo.advantages_and_returns(ro, rewards, values, Config(length_adaptive=False,
+                                                                          lam_policy_fixed=0.9))
+    assert lam.tolist() == pytest.approx([0.9, 0.9])
+    adv, ret, lam = vapo.advantages_and_returns(ro, rewards, values, Config(alpha=0.5, decoupled_gae=False))
+    from gae import gae
+    torch.testing.assert_close(ret, gae(rewards, values, ro.response_mask, lam=lam)[1])  # critic uses lam_policy
+    assert not torch.allclose(ret, rewards.sum(-1, keepdim=True) * ro.response_mask)
+
+
+def test_group_sampling_off_uses_distinct_prompts():
+    rows = [{"prompt": str(i), "answer": "0"} for i in range(100)]
+    on = vapo.prompt_batch(rows, 0, Config(prompts_per_step=4, samples_per_prompt=4).prompts_per_rollout, 0)
+    off_cfg = Config(prompts_per_step=4, samples_per_prompt=4, group_sampling=False)
+    off = vapo.prompt_batch(rows, 0, off_cfg.prompts_per_rollout, 0)
+    assert len(on) == 4 and len(off) == 16 and len({r["prompt"] for r in off}) == 16
+    assert vapo.prompt_batch(rows, 3, 16, 0) == vapo.prompt_batch(rows, 3, 16, 0)  # pure function of the step
+
+
+# ---- training on the tiny model ---------------------------------------------------------------------------
+
+def test_a_few_steps_change_both_models_and_log_everything(tiny_model_dir, tmp_path):
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run"))
+    policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
+    critic = weights(os.path.join(run_dir, "checkpoint", "critic"))
+    start = weights(tiny_model_dir)
+    assert any(not torch.equal(policy[k], start[k]) for k in start)
+    assert any(v.abs().sum() > 0 for k, v in critic.items() if k.startswith("score."))  # head left zero
+    assert any(not torch.equal(critic[k], start[k]) for k in start if k in critic)  # backbone trained too
+    records = read_metrics(run_dir)
+    steps = [r for r in records if "train_acc" in r and "step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for key in ("reward_mean", "train_acc", "response_len", "policy_loss", "value_loss", "explained_variance",
+                "lam_policy", "clip_frac_low", "clip_frac_high", "entropy", "nll_loss", "time/rollout",
+                "time/score", "time/update"):
+        assert key in steps[0], key
+    assert any("value_pretrain_step" in r for r in records)
+    evals = [r for r in records if any("eval" in k and "acc" in k for k in r)]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert os.path.exists(os.path.join(run_dir, "curves.png"))
+    assert os.path.exists(os.path.join(run_dir, "critic_pretrained", "config.json"))
+
+
+def test_positive_nll_switch(tiny_model_dir, tmp_path):
+    """Off: no NLL term at all. On, with every sample marked correct: the NLL is logged and positive."""
+    from models import load_policy, value_model_from_policy
+    from rollout import HFEngine, score_rollout
+    policy, tok = load_policy(tiny_model_dir)
+    critic = value_model_from_policy(policy)
+    rollout = HFEngine(policy, tok, max_new_tokens=8).generate(["Compute: 1+2\n"] * 4, n=1, seed=0)
+    scored = score_rollout(policy, critic, rollout)
+    batch = {"old_logprobs": scored["old_logprobs"], "values": scored["values"],
+             "advantages": torch.zeros_like(scored["values"]), "returns": torch.ones_like(scored["values"]),
+             "positive": torch.ones(4, dtype=torch.bool)}
+    for on in (False, True):
+        cfg = Config(positive_nll=on, prompts_per_step=4, samples_per_prompt=1, mini_batch_size=4,
+                     micro_batch_size=2)
+        opts = {"policy": vapo.make_optimizer(policy, 1e-4, cfg), "critic": vapo.make_optimizer(critic, 1e-4, cfg)}
+        before = [p.detach().clone() for p in policy.parameters()]
+        stats = vapo.update(policy, critic, opts, rollout, batch, cfg)
+        moved = any(not torch.equal(a, p) for a, p in zip(before, policy.parameters()))
+        if on:
+            assert stats["nll_loss"] > 0 and moved  # zero advantages: only the NLL moves the policy
+        else:
+            assert "nll_loss" not in stats and not moved
+
+
+def test_value_pretraining_switch_and_critic_only(tiny_model_dir, tmp_path):
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretraining=False))
+    assert not any("value_pretrain_step" in r for r in read_metrics(run_dir))
+    assert not os.path.exists(os.path.join(run_dir, "critic_pretrained"))
+
+
+def test_stopped_and_resumed_equals_straight_through(tiny_model_dir, tmp_path):
+    straight = vapo.train(tiny_config(tiny_model_dir, tmp_path / "straight", steps=4, eval_every=2))
+    part = vapo.train(tiny_config(tiny_model_dir, tmp_path / "part", steps=2, eval_every=2))
+    with open(os.path.join(part, "config.json")) as fh:
+        saved = json.load(fh)
+    resumed = vapo.train(Config(**{**saved, "steps": 4}).validate(), resume=True)
+
+    def comparable(run_dir):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_metrics(run_dir)]
+
+    a, b = comparable(straight), comparable(resumed)
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            same = (ra[k] == rb[k]) or (isinstance(ra[k], float) and math.isnan(ra[k]) and math.isnan(rb[k]))
+            assert same or ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra.get("step"), k, ra[k], rb[k])
+
+
+def test_command_line_runs(tiny_model_dir, tmp_path):
+    out = tmp_path / "cli"
+    cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), "--preset", "demo", "--model", tiny_model_dir,
+           "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "2", "--mini-batch-size", "4",
+           "--micro-batch-size", "4", "--max-new-tokens", "16", "--value-pretrain-steps", "1",
+           "--eval-prompts", "2", "--eval-samples", "1", "--output-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any("train_acc" in r for r in read_metrics(out))
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "vapo.py"), "--alpha", "-1"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "--alpha" in bad.stderr
