@@ -1,6 +1,6 @@
 """Plots of a run's metrics.jsonl: the curves that tell whether VAPO is working.
 
-    python plots.py runs/<run>/metrics.jsonl [out.png]
+    python plots.py runs/<run>/metrics.jsonl [out.png]      # writes the PNG, prints the run's summary
 
 Panels: held-out and training accuracy; mean response length (a falling length with falling accuracy is the
 length collapse the paper warns about); the critic's explained variance, value pretraining included; losses;
@@ -66,7 +66,7 @@ def plot_metrics(path: str, out: str) -> str:
     ax = axes[0, 2]
     xs, ys = _series(pre, "value_pretrain_step", "explained_variance")
     if xs:
-        ax.plot([x - len(pre) for x in xs], ys, label="value pretraining (steps before 0)")
+        ax.plot([x - len(pre) - 1 for x in xs], ys, label="value pretraining (steps before 0)")
     ax.plot(*_series(steps, "step", "explained_variance"), label="RL")
     ax.axhline(0, color="grey", lw=0.5)
     ax.set(title="critic explained variance", xlabel="step", ylim=(-1, 1))
@@ -80,7 +80,7 @@ def plot_metrics(path: str, out: str) -> str:
 
     ax = axes[1, 1]
     if pre:
-        ax.plot([x - len(pre) for x in _series(pre, "value_pretrain_step", "value_loss")[0]],
+        ax.plot([x - len(pre) - 1 for x in _series(pre, "value_pretrain_step", "value_loss")[0]],
                 _series(pre, "value_pretrain_step", "value_loss")[1], label="value pretraining")
     ax.plot(*_series(steps, "step", "value_loss"), label="RL")
     ax.set(title="value loss", xlabel="step", yscale="log")
@@ -99,6 +99,30 @@ def plot_metrics(path: str, out: str) -> str:
     return out
 
 
+def summarize(path: str) -> dict:
+    """The figures of a run: held-out accuracy at the start and the end (each eval/acc key), mean response
+    length at both ends, wall time, and the share of the RL steps' time spent in each phase."""
+    pre, steps, evals = read_metrics(path)
+    out: dict = {"rl_steps": len(steps), "value_pretrain_steps": len(pre)}
+    if evals:
+        for key in sorted(k for k in evals[0] if k.startswith("eval/")):
+            out[f"{key} (step {evals[0]['step']})"] = evals[0][key]
+            out[f"{key} (step {evals[-1]['step']})"] = evals[-1].get(key)
+    every = pre + steps + evals
+    out["wall_seconds"] = max((r.get("time/elapsed", 0.0) for r in every), default=0.0)
+    out["value_pretrain_seconds"] = sum(r.get("time/step", 0.0) for r in pre)
+    phases = ("rollout", "reward", "score", "advantages", "update")
+    totals = {p: sum(r.get(f"time/{p}", 0.0) for r in steps) for p in phases}
+    step_total = sum(r.get("time/step", 0.0) for r in steps)
+    out["rl_seconds"] = step_total
+    out["seconds_per_rl_step"] = step_total / max(len(steps), 1)
+    for p in phases:
+        out[f"share_{p}"] = totals[p] / step_total if step_total else float("nan")
+    return out
+
+
 if __name__ == "__main__":
     src = sys.argv[1]
     print(plot_metrics(src, sys.argv[2] if len(sys.argv) > 2 else src.replace(".jsonl", ".png")))
+    for key, value in summarize(src).items():
+        print(f"{key:45s} {value:.3f}" if isinstance(value, float) else f"{key:45s} {value}")

@@ -268,7 +268,7 @@ PRESETS: dict[str, dict] = {
                  eval_prompts=200, eval_samples=4, save_every=50),
     # One GPU (80 GB class) with a 0.5B model: memory arithmetic in README.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
-                     mini_batch_size=128, micro_batch_size=16, max_new_tokens=2048, bf16=True,
+                     mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
                      gradient_checkpointing=True, eval_samples=8, eval_every=25),
 }
 
@@ -346,6 +346,12 @@ def pick_device(cfg: Config) -> torch.device:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {cfg.device}: CUDA is not available on this machine")
     return torch.device(cfg.device)
+
+
+def autocast(cfg: Config, device: torch.device):
+    """bfloat16 autocast around forward passes (sampling, scoring, the update's forwards) when --bf16; weights,
+    gradients and optimizer states stay float32, so an lr of 1e-6 still moves them."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
 
 
 def load_models(cfg: Config, device: torch.device):
@@ -433,7 +439,8 @@ def collect(engine, rows: list[dict], cfg: Config, verifier, workers) -> tuple:
     """Phases 1-2: rollout (G samples per prompt) and reward. Returns (rollout, scores [B], timings)."""
     from reward import score_batch
     t0 = time.perf_counter()
-    rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
+    with autocast(cfg, next(engine.model.parameters()).device):
+        rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
     t1 = time.perf_counter()
     golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
     scores = torch.tensor(score_batch(rollout.texts, golds, verifier=verifier, num_workers=workers))  # 2. reward
@@ -491,8 +498,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     """
     from losses import policy_loss, positive_nll_loss, value_loss
     from rollout import response_logprobs, response_values
-    autocast = (torch.autocast(device_type=rollout.response_ids.device.type, dtype=torch.bfloat16)
-                if cfg.bf16 else nullcontext())
+    amp = autocast(cfg, rollout.response_ids.device)
     models = {"critic": critic} | ({"policy": policy} if train_policy else {})
     for m in models.values():
         m.train()
@@ -510,7 +516,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                 m = sub.response_mask
                 weight = float(m.sum())
                 if train_policy:
-                    with autocast:
+                    with amp:
                         logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
                     pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low,
                                                     cfg.eps_high_used, cfg.loss_agg, n_tokens, n_seqs)
@@ -523,7 +529,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                     finite &= bool(torch.isfinite(loss))
                     loss.backward()
                     stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
-                with autocast:
+                with amp:
                     values = response_values(critic, sub)  # [b, T]
                 v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, "token-mean",
                                              n_tokens)
@@ -559,7 +565,8 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     rewards = terminal_rewards(scores, mask)  # [B, T]
 
     t = time.perf_counter()
-    scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)  # 3. score, no grad
+    with autocast(cfg, mask.device):
+        scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)  # 3. score, no grad
     times["time/score"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -618,7 +625,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1)  # its own stream of prompts
         rollout, scores, _ = collect(engine, prompts, cfg, verifier, workers)
         mask = rollout.response_mask
-        values = _values_only(critic, rollout, cfg)  # [B, T], no grad
+        with autocast(cfg, mask.device):
+            values = _values_only(critic, rollout, cfg)  # [B, T], no grad
         _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
         ev = explained_variance(values, returns, mask)
         batch = {"values": values, "returns": returns}
@@ -651,8 +659,9 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier, workers) -> dict[s
     out = {}
     for name, n, temperature, top_p in (("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature,
                                          cfg.eval_top_p), ("greedy", 1, 0.0, 1.0)):
-        rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
-                                  seed=cfg.seed + 7919)
+        with autocast(cfg, next(engine.model.parameters()).device):
+            rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
+                                      seed=cfg.seed + 7919)
         golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
         scores = torch.tensor(score_batch(rollout.texts, golds, verifier=verifier, num_workers=workers))
         out[f"eval/acc_{name}"] = (scores > 0).float().mean().item()
@@ -671,6 +680,7 @@ class Run:
         self.dir = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
         os.makedirs(self.dir, exist_ok=True)
         self.metrics_path = os.path.join(self.dir, "metrics.jsonl")
+        self.t0 = time.perf_counter()
         self.writer = None
         if cfg.report_to == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -684,6 +694,7 @@ class Run:
             json.dump(dataclasses.asdict(cfg), fh, indent=2)
 
     def emit(self, record: dict):
+        record["time/elapsed"] = time.perf_counter() - self.t0  # seconds since this process started the run
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         step = record.get("step", record.get("value_pretrain_step", 0))
