@@ -2,27 +2,27 @@
 arithmetic task with a chain of thought, and the task's base model. Everything is built locally: nothing is
 downloaded.
 
-The task (one problem = one expression of single-digit terms, reduced one step per line):
+The task (one problem = a start value and 1 to MAX_STEPS labelled terms; one response line per step):
 
-    prompt:    "Compute: 7+5-3+9\\n"
-    response:  "12-3+9\\n9+9\\nAnswer: 18"            (then EOS)
+    prompt:    "Compute: 13 a-7 b-5 c+7\n"
+    response:  "a-7=06\nb-5=01\nc+7=08\nAnswer: 8"            (then EOS)
 
-Each line of the response applies the leftmost operation of the line before; the last step is written as
-`Answer: <integer>`, the form reward.py checks. With 1 to MAX_STEPS operations the responses run from 10 tokens
-(one step: "Answer: 12") to about 130 (ten steps), mean about 55: lengths grow quadratically with the number of
-steps, so the batch mixes short and long responses as VAPO's length-adaptive GAE expects.
+Line k starts with the label the prompt gave term k, so finding the next term is a copy, not a count, and a
+1M-parameter model learns the format in minutes; the running total is written in two digits so that every
+operand sits at the same offset. The correct total stays in 0..MAX_VALUE. The last line is `Answer: <integer>`,
+the form reward.arith_reward checks. Responses run from about 18 tokens (one step) to about 82 (ten steps).
 
 Why this task makes VAPO's three problems real:
-- heterogeneous lengths: see above;
+- heterogeneous lengths: 1 to 10 steps in one batch;
 - sparse terminal reward: only the final `Answer:` line is checked, a slip in any step makes it wrong;
-- a value model that knows nothing: the critic starts from the warm-started policy's weights plus a fresh head.
+- a value model that knows nothing: the critic starts from the warm-started policy's weights plus a zero head.
 
 The base model is a short supervised warm start on *imperfect* demonstrations. Besides random slips
-(ERROR_PROB per step), the demonstrations have a systematic habit: when an addition crosses a multiple of ten,
-they usually (HABIT_PROB) forget the carry (17+5 -> 12). Greedy decoding follows the habit, so base accuracy is
-low under greedy decoding as well as under sampling, and falls with the number of steps; sampling at
-temperature 1 still takes the correct path on a carry step about 1 time in 4, which is what RL must find and
-reinforce. Each wrong step is carried into the next line, so the final answer is wrong.
+(ERROR_PROB per step), the demonstrations have a systematic habit: when a subtraction from a two-digit total
+crosses a multiple of ten, they usually (HABIT_PROB) forget the borrow (12-5 -> 17). Greedy decoding follows the
+habit, so base accuracy is low under greedy decoding as well as under sampling, and falls with the number of
+steps; sampling at temperature 1 still takes the correct path on such a step about 1 time in 4, which is what RL
+must find and reinforce. Each wrong step is carried into the next line, so the final answer is wrong.
 
 Held-out split: every expression belongs to exactly one split, "train" or "eval", by a hash of its text
 (EVAL_FRACTION of all expressions are "eval"), so training prompts and held-out prompts never overlap, whatever
@@ -52,21 +52,23 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 EOS = "<|endoftext|>"
 
 # --- the task ---------------------------------------------------------------------------------------------
-MIN_STEPS, MAX_STEPS = 1, 10  # operations per problem; response length grows with the square of this
+MIN_STEPS, MAX_STEPS = 1, 10  # steps per problem
+TAGS = "abcdefghij"  # step labels: the response line for a step starts with the label the prompt gives its term
+MAX_VALUE = 19  # the correct running total stays in 0..MAX_VALUE, so there are few arithmetic facts to learn
 PROMPT_PREFIX = "Compute: "
 ANSWER_PREFIX = "Answer: "
 EVAL_FRACTION = 0.2  # share of all expressions reserved for held-out evaluation (by hash, see split_of)
-HABIT_PROB = 0.75  # P(forget the carry | the step is an addition crossing a multiple of ten), in demonstrations
-ERROR_PROB = 0.08  # P(a random slip of +-1 or +-2) on any step of a demonstration
-MAX_RESPONSE_TOKENS = 160  # generation budget: ten steps take about 130 tokens with EOS
+HABIT_PROB = 0.75  # P(forget the borrow | is_borrow_step), in demonstrations
+ERROR_PROB = 0.03  # P(a random slip of +-1 or +-2) on any step of a demonstration
+MAX_RESPONSE_TOKENS = 160  # generation budget: ten steps take about 82 tokens with EOS
 
 # --- the base model (supervised warm start) ---------------------------------------------------------------
 BASE_NAME = "arith-base-v1"  # bump when the task or the recipe changes, so stale caches are not reused
 BUILD_INFO = "build_info.json"
-SFT_STEPS = 600
-SFT_TOKENS_PER_BATCH = 6144  # batch size adapts to the sequence length of the step count drawn
+SFT_STEPS = 1000
+SFT_TOKENS_PER_BATCH = 2048  # batch size adapts to the sequence length of the step count drawn
 SFT_LR = 3e-3
-SFT_WARMUP = 30
+SFT_WARMUP = 20
 SFT_SEED = 0
 EVAL_SEED = 1  # seed of the held-out problems the build measures accuracy on
 EVAL_PER_STEP = 40  # held-out problems per step count in the build's accuracy table
@@ -82,9 +84,8 @@ def build_tokenizer() -> Qwen2Tokenizer:
     """
     vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}  # deterministic ids 0..255
     vocab[EOS] = len(vocab)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token=EOS, pad_token=EOS)
-    tok.padding_side = "left"
-    return tok
+    return Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None, eos_token=EOS, pad_token=EOS,
+                          padding_side="left")  # a constructor argument, so save_pretrained keeps it
 
 
 def tiny_config(tokenizer, **overrides) -> Qwen2Config:
@@ -112,21 +113,28 @@ def split_of(expr: str) -> str:
 
 
 def make_problem(rng: random.Random, n_steps: int) -> dict:
-    """A random expression of n_steps + 1 single-digit terms joined by + and -.
+    """A random start value and n_steps labelled terms (+b or -b, b in 1..9).
 
-    The correct running value never goes below 0 (a '-' that would is turned into '+'), so the correct chain
-    has no negative numbers; wrong chains (the habit, slips) may. Returns {"prompt", "answer", "n_steps",
-    "expr"}: prompt is the exact model input, answer the gold integer as a string.
+    The correct running total stays in 0..MAX_VALUE: a sign that would leave the range is flipped. Returns
+    {"prompt", "answer", "n_steps", "expr"}: prompt is the exact model input ("Compute: 7 a+5 b-3\n"),
+    answer the gold integer as a string, expr the plain expression ("7+5-3").
     """
-    value = rng.randint(1, 9)
-    expr = str(value)
-    for _ in range(n_steps):
+    if not 1 <= n_steps <= len(TAGS):
+        raise ValueError(f"n_steps must be in 1..{len(TAGS)}, got {n_steps}")
+    value = rng.randint(1, MAX_VALUE)
+    expr, prompt = str(value), str(value)
+    for tag in TAGS[:n_steps]:
         b, op = rng.randint(1, 9), rng.choice("+-")
-        if op == "-" and value - b < 0:
-            op = "+"
-        value = value + b if op == "+" else value - b
+        if not 0 <= _apply(value, op, b) <= MAX_VALUE:
+            op = "-" if op == "+" else "+"
+        value = _apply(value, op, b)
         expr += f"{op}{b}"
-    return {"prompt": f"{PROMPT_PREFIX}{expr}\n", "answer": str(value), "n_steps": n_steps, "expr": expr}
+        prompt += f" {tag}{op}{b}"
+    return {"prompt": f"{PROMPT_PREFIX}{prompt}\n", "answer": str(value), "n_steps": n_steps, "expr": expr}
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
 
 
 def make_dataset(n: int, seed: int, min_steps: int = MIN_STEPS, max_steps: int = MAX_STEPS,
@@ -154,50 +162,58 @@ def _problem_in_split(rng: random.Random, n_steps: int, split: str) -> dict:
 
 
 def parse_expr(problem: dict) -> tuple[int, list[tuple[str, int]]]:
-    """(first term, [(op, term), ...]) of a problem, read from its prompt."""
-    expr = problem["prompt"].removeprefix(PROMPT_PREFIX).strip()
-    first, *rest = re.findall(r"[+-]?\d+", expr)
-    return int(first), [(t[0], int(t[1:])) for t in rest]
+    """(start value, [(op, term), ...]) of a problem, read from its prompt."""
+    first, *terms = problem["prompt"].removeprefix(PROMPT_PREFIX).split()
+    return int(first), [(t[1], int(t[2:])) for t in terms]
 
 
-def is_carry_step(a: int, op: str, b: int) -> bool:
-    """The habit's trigger: an addition to a non-negative value that crosses a multiple of ten (17+5)."""
-    return op == "+" and a >= 0 and a % 10 + b >= 10
+def is_borrow_step(a: int, op: str, b: int) -> bool:
+    """The habit's trigger: a subtraction from a two-digit total that crosses a multiple of ten (12-5, 31-4)."""
+    return op == "-" and a >= 10 and a % 10 < b
 
 
-def _render(value: int, rest: list[tuple[str, int]]) -> str:
-    return str(value) + "".join(f"{op}{b}" for op, b in rest)
+def habit_value(a: int, op: str, b: int) -> int:
+    """What the habit writes on a borrow step: the borrow is forgotten, the tens digit stays (12-5 -> 17).
+
+    The habit only ever adds 10, so habit errors never cancel and wrong chains never go negative.
+    """
+    return a - b + 10
 
 
 def _chain(problem: dict, step) -> tuple[str, list]:
-    """Reduce the expression one operation per line; step(a, op, b) -> (written value, note)."""
+    """One line per step, "<tag><op><term>=<total>" (total in two digits: 07), then "Answer: <total>".
+
+    step(a, op, b) -> (total, note) computes each step.
+
+    The total written on a line is what the next line builds on, so a wrong step carries into the answer.
+    """
     value, terms = parse_expr(problem)
     lines, notes = [], []
-    for i, (op, b) in enumerate(terms):
+    for tag, (op, b) in zip(TAGS, terms):
         value, note = step(value, op, b)
         notes.append(note)
-        lines.append(_render(value, terms[i + 1:]) if i + 1 < len(terms) else f"{ANSWER_PREFIX}{value}")
-    return "\n".join(lines), notes
+        lines.append(f"{tag}{op}{b}={value:02d}")  # two digits: every operand sits at the same offset
+    return "\n".join(lines + [f"{ANSWER_PREFIX}{value}"]), notes
 
 
 def solve(problem: dict) -> str:
     """The correct chain-of-thought response (without EOS); its last line is `Answer: <gold>`."""
-    return _chain(problem, lambda a, op, b: (a + b if op == "+" else a - b, None))[0]
+    return _chain(problem, lambda a, op, b: (_apply(a, op, b), None))[0]
 
 
 def make_demonstration(problem: dict, rng: random.Random, habit_prob: float = HABIT_PROB,
                        error_prob: float = ERROR_PROB) -> dict:
     """An imperfect demonstration of the problem, the base model's training text.
 
-    On a carry step (is_carry_step) the carry is forgotten with probability habit_prob (17+5 -> 12); then,
-    on any step, a random slip of +-1 or +-2 with probability error_prob. The chain continues from the written
-    value, so any wrong step makes the answer wrong. Returns {"response", "carry_steps", "habit_steps",
-    "slips", "correct"}.
+    On a borrow step (is_borrow_step) the borrow is forgotten with probability habit_prob (habit_value:
+    12-5 -> 17); then, on any step, a random slip of +-1 or +-2 with probability
+    error_prob. The chain continues from the written total, so any wrong step makes the answer wrong.
+    Returns {"response", "carry_steps", "habit_steps", "slips", "correct"}.
     """
     def step(a, op, b):
-        carry = is_carry_step(a, op, b)
+        carry = is_borrow_step(a, op, b)
         habit = carry and rng.random() < habit_prob
-        value = (a + b - 10 if habit else a + b) if op == "+" else a - b
+        value = habit_value(a, op, b) if habit else _apply(a, op, b)
         slip = rng.random() < error_prob
         if slip:
             value += rng.choice((-2, -1, 1, 2))
@@ -239,15 +255,16 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
     import torch
     # problems of one step count share a prompt length and a response length: batch them together
     jobs = sorted((p for p in problems for _ in range(samples)), key=lambda p: (p["n_steps"], p["prompt"]))
+    # top_k=0: plain temperature / nucleus sampling, not generate's habit of a top-50 cut when it has a default
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
+        dict(do_sample=False)
     hits, tokens = {}, 0
     model.eval()
     for i in range(0, len(jobs), batch_size):
         batch = jobs[i:i + batch_size]
         enc = tokenizer([p["prompt"] for p in batch], return_tensors="pt", padding=True)
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                 temperature=temperature if temperature > 0 else None,
-                                 top_p=top_p if temperature > 0 else None, top_k=0,
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, **sampling,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         new = out[:, enc["input_ids"].shape[1]:]  # [b, t]
         real = (new != tokenizer.pad_token_id).cumsum(-1) == torch.arange(1, new.shape[1] + 1)  # up to 1st EOS
@@ -290,16 +307,25 @@ def _sft_batch(tokenizer, rng: random.Random, n_steps: int, tokens_per_batch: in
     return ids, labels
 
 
+def _cpu_has_fast_bf16() -> bool:
+    import torch
+    try:  # AVX512-BF16 / AMX; on AVX2-only CPUs bf16 is emulated and autocast is many times slower than fp32
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, lr: float = SFT_LR,
                tokens_per_batch: int = SFT_TOKENS_PER_BATCH, progress: bool = True) -> list[float]:
     """Supervised warm start on imperfect demonstrations (training split only); returns the loss per step.
 
-    bf16 autocast where the CPU supports it (about 2x faster here), AdamW with warmup then cosine decay, one
+    bf16 autocast where the CPU has native bf16 (about 2x faster there, much slower where it is emulated), AdamW with warmup then cosine decay, one
     step count per batch so padding is negligible.
     """
     import torch
     from tqdm.auto import tqdm
     rng = random.Random(f"sft/{seed}")
+    bf16 = _cpu_has_fast_bf16()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / SFT_WARMUP) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / max(steps, 1), 1.0)))))
@@ -308,7 +334,7 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
     bar = tqdm(range(steps), desc="warm start", disable=not progress, mininterval=2)
     for _ in bar:
         ids, labels = _sft_batch(tokenizer, rng, rng.randint(MIN_STEPS, MAX_STEPS), tokens_per_batch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

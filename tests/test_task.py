@@ -1,0 +1,157 @@
+"""The built-in task: generator, solver, demonstrations with the habit, tokenizer/model round trips, base-model
+build. CPU, seconds; the base model is only trained for a couple of steps here."""
+import json
+import os
+import random
+import statistics
+
+import pytest
+import torch
+
+import task
+
+
+def _value(expr_terms) -> int:
+    """Plain left-to-right evaluation, written independently of task.py."""
+    first, terms = expr_terms
+    for op, b in terms:
+        first = first + b if op == "+" else first - b
+    return first
+
+
+def test_dataset_is_deterministic_and_balanced():
+    a, b = task.make_dataset(200, seed=0), task.make_dataset(200, seed=0)
+    assert a == b
+    assert a != task.make_dataset(200, seed=1)
+    counts = {n: sum(p["n_steps"] == n for p in a) for n in range(task.MIN_STEPS, task.MAX_STEPS + 1)}
+    assert set(counts.values()) == {200 // len(counts)}
+    short = task.make_dataset(30, seed=0, min_steps=2, max_steps=4)
+    assert {p["n_steps"] for p in short} == {2, 3, 4}
+
+
+def test_problem_format_and_gold():
+    rng = random.Random(0)
+    for n in range(1, task.MAX_STEPS + 1):
+        p = task.make_problem(rng, n)
+        first, terms = task.parse_expr(p)
+        labelled = " ".join(f"{tag}{op}{b}" for tag, (op, b) in zip(task.TAGS, terms))
+        assert p["prompt"] == f"Compute: {first} {labelled}\n" and p["n_steps"] == n
+        assert p["expr"] == str(first) + "".join(f"{op}{b}" for op, b in terms)
+        assert len(terms) == n and all(1 <= b <= 9 for _, b in terms) and 0 <= first <= task.MAX_VALUE
+        assert task.MAX_VALUE >= int(p["answer"]) == _value((first, terms)) >= 0
+
+
+def test_solver_gives_gold_on_every_problem():
+    for p in task.make_dataset(2000, seed=3) + task.make_dataset(500, seed=3, split="eval"):
+        response = task.solve(p)
+        lines = response.split("\n")
+        assert len(lines) == p["n_steps"] + 1 and lines[-1] == f"Answer: {p['answer']}"
+        assert task.extract_answer(response) == int(p["answer"])
+        assert task.is_correct(response, p["answer"])
+
+
+def test_project_verifier_agrees_with_generator():
+    reward = pytest.importorskip("reward", reason="reward.py (the project's verifier) is not there yet")
+    for p in task.make_dataset(1000, seed=4):
+        assert reward.arith_reward(task.solve(p), p["answer"]) > 0
+        wrong = task.solve(p).rsplit("Answer: ", 1)[0] + f"Answer: {int(p['answer']) + 1}"
+        assert reward.arith_reward(wrong, p["answer"]) < reward.arith_reward(task.solve(p), p["answer"])
+    assert reward.arith_reward("a-5=-2\nAnswer: -2", "-2") > 0  # negative answers parse
+
+
+def test_extract_answer_edge_cases():
+    assert task.extract_answer("Answer: 3\nAnswer: -12") == -12
+    assert task.extract_answer("12+3") is None
+    assert not task.is_correct("no answer", "5")
+    assert task.is_correct("Answer: -7", "-7")
+
+
+def test_held_out_prompts_never_overlap_training_prompts():
+    train = {p["prompt"] for p in task.make_dataset(5000, seed=0)}
+    held_out = {p["prompt"] for p in task.make_dataset(1000, seed=0, split="eval")}
+    assert train.isdisjoint(held_out)
+    assert all(task.split_of(p["expr"]) == "eval" for p in task.make_dataset(1000, seed=0, split="eval"))
+    with pytest.raises(ValueError):
+        task.make_dataset(1, seed=0, split="test")
+
+
+def test_response_lengths_span_the_intended_range(tokenizer):
+    problems = task.make_dataset(1000, seed=0)
+    lengths = [len(tokenizer(task.solve(p))["input_ids"]) + 1 for p in problems]  # + EOS
+    assert min(lengths) <= 20 and max(lengths) >= 80 and max(lengths) < task.MAX_RESPONSE_TOKENS
+    assert 35 <= statistics.mean(lengths) <= 60
+    by_steps = {n: statistics.mean(l for l, p in zip(lengths, problems) if p["n_steps"] == n) for n in (1, 5, 10)}
+    assert by_steps[1] < by_steps[5] < by_steps[10]
+
+
+def test_demonstrations_have_the_habit_at_the_intended_rate():
+    rng = random.Random(0)
+    demos = [task.make_demonstration(p, rng) for p in task.make_dataset(3000, seed=0)]
+    carry = sum(d["carry_steps"] for d in demos)
+    steps = sum(p["n_steps"] for p in task.make_dataset(3000, seed=0))
+    assert 0.05 < carry / steps < 0.4  # a borrow step is common, but most steps are not
+    assert abs(sum(d["habit_steps"] for d in demos) / carry - task.HABIT_PROB) < 0.03
+    assert abs(sum(d["slips"] for d in demos) / steps - task.ERROR_PROB) < 0.02
+    accuracy = sum(d["correct"] for d in demos) / len(demos)
+    assert 0.1 < accuracy < 0.4
+
+
+def test_habit_is_a_consistent_rule_and_the_chain_follows_the_written_value():
+    rng = random.Random(0)
+    p = {"prompt": "Compute: 7 a+5 b-7 c+9\n", "answer": "14", "n_steps": 3}
+    assert task.solve(p) == "a+5=12\nb-7=05\nc+9=14\nAnswer: 14"
+    assert task.make_demonstration(p, rng, habit_prob=0.0, error_prob=0.0)["response"] == task.solve(p)
+    habit = task.make_demonstration(p, rng, habit_prob=1.0, error_prob=0.0)
+    assert habit["response"] == "a+5=12\nb-7=15\nc+9=24\nAnswer: 24"  # 12-7 -> 15 (borrow forgotten), then 15+9
+    assert habit["habit_steps"] == habit["carry_steps"] == 1 and not habit["correct"]
+    assert task.is_borrow_step(12, "-", 5) and task.is_borrow_step(31, "-", 4)
+    assert not task.is_borrow_step(17, "-", 5) and not task.is_borrow_step(7, "-", 5)
+    assert not task.is_borrow_step(17, "+", 5)
+
+
+def test_tokenizer_and_model_survive_save_and_reload(tmp_path, tokenizer, tiny_policy):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tiny_policy.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path)
+    model2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    text = "Compute: 7 a+5 b-7\na+5=12\nb-7=05\nAnswer: 5"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text) and tok2(text)["input_ids"] == ids
+    assert tok2.decode(ids) == text and tok2.eos_token == tok2.pad_token == task.EOS
+    assert tok2.padding_side == "left"
+    x = torch.tensor([ids + [tokenizer.eos_token_id]])
+    with torch.no_grad():
+        assert torch.equal(tiny_policy(x).logits, model2(x).logits)
+
+
+def test_evaluate_accuracy_runs_greedy_and_sampled(tokenizer, tiny_policy):
+    problems = task.make_dataset(4, seed=0, min_steps=1, max_steps=2, split="eval")
+    for temperature in (0.0, 1.0):
+        r = task.evaluate_accuracy(tiny_policy, tokenizer, problems, temperature, samples=2, max_new_tokens=6)
+        assert r["count"] == 8 and set(r["by_steps"]) == {1, 2} and 0 <= r["accuracy"] <= 1
+        assert 1 <= r["mean_tokens"] <= 6
+
+
+def test_build_base_model_writes_a_loadable_folder(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    out = tmp_path / "base"
+    info = task.build_base_model(str(out), steps=2, eval_per_step=0, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["base"]  # no temporary folder left behind
+    assert json.load(open(out / task.BUILD_INFO))["recipe"]["steps"] == 2 == info["recipe"]["steps"]
+    tokenizer, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    assert tokenizer("7+5")["input_ids"] == task.build_tokenizer()("7+5")["input_ids"]
+    assert 0.9e6 < sum(p.numel() for p in model.parameters()) < 1.2e6
+    task.build_base_model(str(out), steps=1, eval_per_step=0, progress=False)  # a rebuild replaces it
+    assert json.load(open(out / task.BUILD_INFO))["recipe"]["steps"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["base"]
+
+
+def test_cache_location_and_reuse(tmp_path, monkeypatch):
+    monkeypatch.setenv("VAPO_CACHE", str(tmp_path))
+    path = task.base_model_path()
+    assert path == os.path.join(str(tmp_path), task.BASE_NAME)
+    os.makedirs(path)
+    with open(os.path.join(path, task.BUILD_INFO), "w") as f:
+        json.dump({}, f)
+    assert task.ensure_base_model(log=lambda msg: pytest.fail("must not rebuild a cached model")) == path
