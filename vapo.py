@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(options given here, e.g. --steps, override it)")
     hints, docs = typing.get_type_hints(Config), field_docs()
     for f in dataclasses.fields(Config):
-        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        flags = [f"--{f.name.replace('_', '-')}"]
         kind = hints[f.name]
         helptext = f"{docs.get(f.name, '')} (paper/default: {f.default})"
         if kind is bool:
