@@ -334,24 +334,24 @@ def score_rollout(policy, value_model, rollout: Rollout, micro_batch_size: int =
     without gradients, `micro_batch_size` rows per forward pass, models in eval mode (their modes are restored).
 
     Returns {"old_logprobs": [B, T], "entropy": [B, T], "values": [B, T]} (float32, 0 under the mask), "values"
-    only when value_model is not None (GRPO-style runs have no critic).
+    only when value_model is not None (GRPO-style runs have no critic), the other two only when policy is not
+    None (value pretraining scores the critic alone).
     """
     models = [m for m in (policy, value_model) if m is not None]
     modes = [m.training for m in models]
     for m in models:
         m.eval()
-    parts: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "entropy": []}
-    if value_model is not None:
-        parts["values"] = []
+    parts: dict[str, list[torch.Tensor]] = {}
     try:
         for start in range(0, rollout.B, micro_batch_size):
             mb = rollout.select(slice(start, start + micro_batch_size))  # trimmed to its own longest response
             widen = (0, rollout.T - mb.T)  # back to the full batch's T
-            logprobs, entropy = response_logprobs(policy, mb, temperature, with_entropy=True)
-            parts["old_logprobs"].append(F.pad(logprobs, widen))
-            parts["entropy"].append(F.pad(entropy, widen))
+            if policy is not None:
+                logprobs, entropy = response_logprobs(policy, mb, temperature, with_entropy=True)
+                parts.setdefault("old_logprobs", []).append(F.pad(logprobs, widen))
+                parts.setdefault("entropy", []).append(F.pad(entropy, widen))
             if value_model is not None:
-                parts["values"].append(F.pad(response_values(value_model, mb), widen))
+                parts.setdefault("values", []).append(F.pad(response_values(value_model, mb), widen))
     finally:
         for m, mode in zip(models, modes):
             m.train(mode)

@@ -619,6 +619,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     reaches value_pretrain_ev."""
     from gae import gae
     from losses import explained_variance
+    from rollout import score_rollout
     recent: list[float] = []
     for step in range(cfg.value_pretrain_steps):
         t0 = time.perf_counter()
@@ -626,7 +627,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         rollout, scores, _ = collect(engine, prompts, cfg, verifier, workers)
         mask = rollout.response_mask
         with autocast(cfg, mask.device):
-            values = _values_only(critic, rollout, cfg)  # [B, T], no grad
+            values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
         _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
         ev = explained_variance(values, returns, mask)
         batch = {"values": values, "returns": returns}
@@ -638,18 +639,6 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         if cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
             break
-
-
-@torch.no_grad()
-def _values_only(critic, rollout, cfg: Config) -> torch.Tensor:
-    """The critic's values [B, T] for a rollout, no grad, in micro-batches."""
-    from rollout import response_values
-    critic.eval()
-    parts = []
-    for start in range(0, rollout.B, cfg.micro_batch_size):
-        mb = rollout.select(slice(start, start + cfg.micro_batch_size))
-        parts.append(torch.nn.functional.pad(response_values(critic, mb), (0, rollout.T - mb.T)))
-    return torch.cat(parts)
 
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier, workers) -> dict[str, float]:
