@@ -5,24 +5,30 @@ downloaded.
 The task (one problem = a start value and 1 to MAX_STEPS labelled terms; one response line per step):
 
     prompt:    "Compute: 13 a-7 b-5 c+7\n"
-    response:  "a-7=06\nb-5=01\nc+7=08\nAnswer: 8"            (then EOS)
+    response:  "13 a-7=06\n06 b-5=01\n01 c+7=08\nAnswer: 8"            (then EOS)
 
-Line k starts with the label the prompt gave term k, so finding the next term is a copy, not a count, and a
-1M-parameter model learns the format in minutes; the running total is written in two digits so that every
-operand sits at the same offset. The correct total stays in 0..MAX_VALUE. The last line is `Answer: <integer>`,
-the form reward.arith_reward checks. Responses run from about 18 tokens (one step) to about 82 (ten steps).
+Each line restates the running total, then the labelled term, then the new total: `<total> <label><op><term>=
+<new total>`. Why this shape (each choice measured on the 1M model, see the build's docstring):
+- the label makes finding the next term a copy (the term after "c" in the prompt), not a count of lines;
+- totals are written in two digits, so every operand sits at the same offset from the `=`;
+- restating the total puts both operands right before the `=`: with the total only at the end of the line
+  before, the arithmetic was learned about 1.5x slower;
+- the correct total stays in 0..MAX_VALUE (a sign that would leave it is flipped): few facts to learn.
+The last line is `Answer: <integer>`, the form reward.arith_reward checks. Responses run from 20 tokens (one
+step) to 111 (ten steps), mean about 65, EOS included.
 
 Why this task makes VAPO's three problems real:
-- heterogeneous lengths: 1 to 10 steps in one batch;
+- heterogeneous lengths: 1 to 10 steps in one batch, 20 to 111 tokens;
 - sparse terminal reward: only the final `Answer:` line is checked, a slip in any step makes it wrong;
 - a value model that knows nothing: the critic starts from the warm-started policy's weights plus a zero head.
 
 The base model is a short supervised warm start on *imperfect* demonstrations. Besides random slips
 (ERROR_PROB per step), the demonstrations have a systematic habit: when a subtraction from a two-digit total
-crosses a multiple of ten, they usually (HABIT_PROB) forget the borrow (12-5 -> 17). Greedy decoding follows the
-habit, so base accuracy is low under greedy decoding as well as under sampling, and falls with the number of
-steps; sampling at temperature 1 still takes the correct path on such a step about 1 time in 4, which is what RL
-must find and reinforce. Each wrong step is carried into the next line, so the final answer is wrong.
+crosses a multiple of ten (about 1 step in 5), they usually (HABIT_PROB) forget the borrow (12-5 -> 17).
+Greedy decoding follows the habit, so base accuracy is low under greedy decoding as well as under sampling, and
+falls with the number of steps; sampling at temperature 1 still takes the correct path on such a step about 1
+time in 5, which is what RL must find and reinforce. Each wrong step is carried into the next line, so the
+final answer is wrong. The habit only ever adds 10, so two habit errors never cancel.
 
 Held-out split: every expression belongs to exactly one split, "train" or "eval", by a hash of its text
 (EVAL_FRACTION of all expressions are "eval"), so training prompts and held-out prompts never overlap, whatever
@@ -30,7 +36,7 @@ the seeds. The base model is trained on "train" expressions only.
 
 Entry points: `python task.py build [--out DIR]` builds the base model and prints its accuracy table;
 `python task.py eval [--model DIR]` prints accuracy by number of steps. Other code calls `ensure_base_model()`,
-which builds the model once into the cache (<repo>/.cache/arith-base-v1, or $VAPO_CACHE/arith-base-v1).
+which builds the model once into the cache (<repo>/.cache/arith-base-v2, or $VAPO_CACHE/arith-base-v2).
 """
 from __future__ import annotations
 
@@ -42,7 +48,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 import time
 
@@ -60,18 +65,19 @@ ANSWER_PREFIX = "Answer: "
 EVAL_FRACTION = 0.2  # share of all expressions reserved for held-out evaluation (by hash, see split_of)
 HABIT_PROB = 0.75  # P(forget the borrow | is_borrow_step), in demonstrations
 ERROR_PROB = 0.03  # P(a random slip of +-1 or +-2) on any step of a demonstration
-MAX_RESPONSE_TOKENS = 160  # generation budget: ten steps take about 82 tokens with EOS
+MAX_RESPONSE_TOKENS = 128  # generation budget: ten correct steps take 111 tokens with EOS
 
 # --- the base model (supervised warm start) ---------------------------------------------------------------
-BASE_NAME = "arith-base-v1"  # bump when the task or the recipe changes, so stale caches are not reused
+BASE_NAME = "arith-base-v2"  # bump when the task or the recipe changes, so stale caches are not reused
 BUILD_INFO = "build_info.json"
-SFT_STEPS = 1000
+SFT_STEPS = 700  # about 2.5 minutes of training on 2 CPU cores (fp32; see warm_start)
 SFT_TOKENS_PER_BATCH = 2048  # batch size adapts to the sequence length of the step count drawn
 SFT_LR = 3e-3
+SFT_INIT_STD = 0.1  # init std of the warm start: with Qwen2's 0.02 finding the labelled terms took far longer
 SFT_WARMUP = 20
 SFT_SEED = 0
 EVAL_SEED = 1  # seed of the held-out problems the build measures accuracy on
-EVAL_PER_STEP = 40  # held-out problems per step count in the build's accuracy table
+EVAL_PER_STEP = 30  # held-out problems per step count in the build's accuracy table
 
 
 # --- tokenizer and model ----------------------------------------------------------------------------------
@@ -181,18 +187,18 @@ def habit_value(a: int, op: str, b: int) -> int:
 
 
 def _chain(problem: dict, step) -> tuple[str, list]:
-    """One line per step, "<tag><op><term>=<total>" (total in two digits: 07), then "Answer: <total>".
+    """One line per step, "<total> <label><op><term>=<new total>" (totals in two digits), then "Answer: ".
 
-    step(a, op, b) -> (total, note) computes each step.
-
-    The total written on a line is what the next line builds on, so a wrong step carries into the answer.
+    step(a, op, b) -> (new total, note) computes each step. The total written on a line is what the next line
+    starts from, so a wrong step carries into the answer.
     """
     value, terms = parse_expr(problem)
     lines, notes = [], []
     for tag, (op, b) in zip(TAGS, terms):
-        value, note = step(value, op, b)
+        new, note = step(value, op, b)
         notes.append(note)
-        lines.append(f"{tag}{op}{b}={value:02d}")  # two digits: every operand sits at the same offset
+        lines.append(f"{value:02d} {tag}{op}{b}={new:02d}")
+        value = new
     return "\n".join(lines + [f"{ANSWER_PREFIX}{value}"]), notes
 
 
@@ -206,21 +212,21 @@ def make_demonstration(problem: dict, rng: random.Random, habit_prob: float = HA
     """An imperfect demonstration of the problem, the base model's training text.
 
     On a borrow step (is_borrow_step) the borrow is forgotten with probability habit_prob (habit_value:
-    12-5 -> 17); then, on any step, a random slip of +-1 or +-2 with probability
-    error_prob. The chain continues from the written total, so any wrong step makes the answer wrong.
-    Returns {"response", "carry_steps", "habit_steps", "slips", "correct"}.
+    12-5 -> 17); then, on any step, a random slip of +-1 or +-2 with probability error_prob. The chain
+    continues from the written total, so any wrong step makes the answer wrong. Returns {"response",
+    "borrow_steps" (steps that could trigger the habit), "habit_steps", "slips", "correct"}.
     """
     def step(a, op, b):
-        carry = is_borrow_step(a, op, b)
-        habit = carry and rng.random() < habit_prob
+        borrow = is_borrow_step(a, op, b)
+        habit = borrow and rng.random() < habit_prob
         value = habit_value(a, op, b) if habit else _apply(a, op, b)
         slip = rng.random() < error_prob
         if slip:
             value += rng.choice((-2, -1, 1, 2))
-        return value, (carry, habit, slip)
+        return value, (borrow, habit, slip)
 
     response, notes = _chain(problem, step)
-    return {"response": response, "carry_steps": sum(n[0] for n in notes),
+    return {"response": response, "borrow_steps": sum(n[0] for n in notes),
             "habit_steps": sum(n[1] for n in notes), "slips": sum(n[2] for n in notes),
             "correct": extract_answer(response) == int(problem["answer"])}
 
@@ -294,7 +300,8 @@ def _sft_batch(tokenizer, rng: random.Random, n_steps: int, tokens_per_batch: in
     import torch
     problems = [_problem_in_split(rng, n_steps, "train")]
     approx_len = len(problems[0]["prompt"]) + len(solve(problems[0])) + 1
-    problems += [_problem_in_split(rng, n_steps, "train") for _ in range(max(tokens_per_batch // approx_len, 8) - 1)]
+    size = max(tokens_per_batch // approx_len, 8)
+    problems += [_problem_in_split(rng, n_steps, "train") for _ in range(size - 1)]
     prompts = tokenizer([p["prompt"] for p in problems])["input_ids"]
     responses = tokenizer([make_demonstration(p, rng)["response"] for p in problems])["input_ids"]
     seqs = [(pr, re_ + [tokenizer.eos_token_id]) for pr, re_ in zip(prompts, responses)]
@@ -319,8 +326,10 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
                tokens_per_batch: int = SFT_TOKENS_PER_BATCH, progress: bool = True) -> list[float]:
     """Supervised warm start on imperfect demonstrations (training split only); returns the loss per step.
 
-    bf16 autocast where the CPU has native bf16 (about 2x faster there, much slower where it is emulated), AdamW with warmup then cosine decay, one
-    step count per batch so padding is negligible.
+    Loss on response tokens (and EOS) only. AdamW, warmup then cosine decay to 10%; one step count per batch,
+    so padding is negligible. bf16 autocast only where the CPU has native bf16: it was about 2x faster on an
+    AVX512-BF16 machine, but emulated bf16 on an AVX2-only CPU made a step about 10x slower than fp32.
+    Measured on 2 AVX2 cores (fp32, other jobs sharing the cores): 700 steps of 2048 tokens in 173 s.
     """
     import torch
     from tqdm.auto import tqdm
@@ -329,11 +338,15 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / SFT_WARMUP) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / max(steps, 1), 1.0)))))
+    # a batch of n-step problems costs the same tokens for every n but holds ~n times more steps for long
+    # problems (the prompt is paid once): drawing n with weight n spends the budget on steps, and on late labels
+    step_counts = list(range(MIN_STEPS, MAX_STEPS + 1))
     model.train()
     losses = []
     bar = tqdm(range(steps), desc="warm start", disable=not progress, mininterval=2)
     for _ in bar:
-        ids, labels = _sft_batch(tokenizer, rng, rng.randint(MIN_STEPS, MAX_STEPS), tokens_per_batch)
+        n_steps = rng.choices(step_counts, weights=step_counts)[0]
+        ids, labels = _sft_batch(tokenizer, rng, n_steps, tokens_per_batch)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -361,18 +374,27 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     Written atomically: built in a temporary folder beside out_dir, then renamed, so a killed build leaves no
     half-written folder. out_dir also gets BUILD_INFO, a JSON of the recipe, the build time and the measured
     greedy and sampled accuracy on held-out problems. Returns that JSON as a dict.
+
+    What the recipe rests on (1M model, 2 AVX2 cores, ~1.4M training tokens; one seed each): arithmetic and
+    label lookup are the slow parts. Init std 0.1 instead of 0.02 was what let the model find the labelled
+    terms in this budget; restating the total before the term (digit accuracy after 300 steps of an arithmetic
+    drill: 78% against 51%) and drawing long problems more often (greedy accuracy after 700 steps: 20% against
+    8%) made the arithmetic precise enough. The habit is learned early and kept near its demonstration rate
+    (on borrow steps of the built model: P(habit) 0.81, P(correct) 0.19, greedy takes the habit every time).
     """
     import torch
     start = time.time()
     tokenizer = build_tokenizer()
-    model = build_tiny_policy(tokenizer, seed=seed)
+    model = build_tiny_policy(tokenizer, seed=seed, initializer_range=SFT_INIT_STD)
+    model.config.initializer_range = tiny_config(tokenizer).initializer_range  # new heads (critic) get the default
     losses = warm_start(model, tokenizer, steps=steps, seed=seed, progress=progress)
     train_s = time.time() - start
     acc = measure_base(model, tokenizer, per_step=eval_per_step) if eval_per_step > 0 else {}
-    info = {"name": BASE_NAME, "task": {"min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "habit_prob": HABIT_PROB,
+    info = {"name": BASE_NAME, "task": {"min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "max_value": MAX_VALUE,
+                                         "habit": "forgotten borrow", "habit_prob": HABIT_PROB,
                                          "error_prob": ERROR_PROB, "eval_fraction": EVAL_FRACTION},
             "recipe": {"steps": steps, "seed": seed, "lr": SFT_LR, "tokens_per_batch": SFT_TOKENS_PER_BATCH,
-                       "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1)},
+                       "init_std": SFT_INIT_STD, "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1)},
             "parameters": sum(p.numel() for p in model.parameters()),
             "train_seconds": round(train_s, 1), "build_seconds": round(time.time() - start, 1),
             "eval": {"seed": EVAL_SEED, "per_step": eval_per_step, "split": "eval", **acc},
@@ -400,7 +422,7 @@ def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
 
 
 def base_model_path() -> str:
-    """Where the base model is cached: $VAPO_CACHE/arith-base-v1, or <repo>/.cache/arith-base-v1."""
+    """Where the base model is cached: $VAPO_CACHE/arith-base-v2, or <repo>/.cache/arith-base-v2."""
     root = os.environ.get("VAPO_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
     return os.path.join(root, BASE_NAME)
 
@@ -410,7 +432,7 @@ def ensure_base_model(log=print) -> str:
     path = base_model_path()
     if os.path.exists(os.path.join(path, BUILD_INFO)):
         return path
-    log(f"Building the built-in base model once (about 3 minutes on 2 CPU cores); it is cached at {path}")
+    log(f"Building the built-in base model once (about 3 minutes on 2 CPU cores); it is cached in {path}")
     info = build_base_model(path)
     log(f"Built in {info['build_seconds']:.0f} s: held-out greedy accuracy "
         f"{100 * info['eval']['greedy']['accuracy']:.1f}%, sampled {100 * info['eval']['sampled']['accuracy']:.1f}%")

@@ -46,6 +46,12 @@ def test_solver_gives_gold_on_every_problem():
         response = task.solve(p)
         lines = response.split("\n")
         assert len(lines) == p["n_steps"] + 1 and lines[-1] == f"Answer: {p['answer']}"
+        first, terms = task.parse_expr(p)
+        totals = [first]
+        for op, b in terms:
+            totals.append(_value((totals[-1], [(op, b)])))
+        assert lines[:-1] == [f"{a:02d} {tag}{op}{b}={c:02d}"
+                              for tag, (op, b), a, c in zip(task.TAGS, terms, totals, totals[1:])]
         assert task.extract_answer(response) == int(p["answer"])
         assert task.is_correct(response, p["answer"])
 
@@ -56,7 +62,7 @@ def test_project_verifier_agrees_with_generator():
         assert reward.arith_reward(task.solve(p), p["answer"]) > 0
         wrong = task.solve(p).rsplit("Answer: ", 1)[0] + f"Answer: {int(p['answer']) + 1}"
         assert reward.arith_reward(wrong, p["answer"]) < reward.arith_reward(task.solve(p), p["answer"])
-    assert reward.arith_reward("a-5=-2\nAnswer: -2", "-2") > 0  # negative answers parse
+    assert reward.arith_reward("03 a-5=-2\nAnswer: -2", "-2") > 0  # slips may take a wrong chain below 0
 
 
 def test_extract_answer_edge_cases():
@@ -78,32 +84,39 @@ def test_held_out_prompts_never_overlap_training_prompts():
 def test_response_lengths_span_the_intended_range(tokenizer):
     problems = task.make_dataset(1000, seed=0)
     lengths = [len(tokenizer(task.solve(p))["input_ids"]) + 1 for p in problems]  # + EOS
-    assert min(lengths) <= 20 and max(lengths) >= 80 and max(lengths) < task.MAX_RESPONSE_TOKENS
-    assert 35 <= statistics.mean(lengths) <= 60
+    assert min(lengths) == 20 and max(lengths) == 111 and max(lengths) < task.MAX_RESPONSE_TOKENS
+    assert 55 <= statistics.mean(lengths) <= 70
     by_steps = {n: statistics.mean(l for l, p in zip(lengths, problems) if p["n_steps"] == n) for n in (1, 5, 10)}
     assert by_steps[1] < by_steps[5] < by_steps[10]
 
 
 def test_demonstrations_have_the_habit_at_the_intended_rate():
     rng = random.Random(0)
-    demos = [task.make_demonstration(p, rng) for p in task.make_dataset(3000, seed=0)]
-    carry = sum(d["carry_steps"] for d in demos)
-    steps = sum(p["n_steps"] for p in task.make_dataset(3000, seed=0))
-    assert 0.05 < carry / steps < 0.4  # a borrow step is common, but most steps are not
-    assert abs(sum(d["habit_steps"] for d in demos) / carry - task.HABIT_PROB) < 0.03
-    assert abs(sum(d["slips"] for d in demos) / steps - task.ERROR_PROB) < 0.02
-    accuracy = sum(d["correct"] for d in demos) / len(demos)
-    assert 0.1 < accuracy < 0.4
+    problems = task.make_dataset(3000, seed=0)
+    demos = [task.make_demonstration(p, rng) for p in problems]
+    borrow = sum(d["borrow_steps"] for d in demos)
+    steps = sum(p["n_steps"] for p in problems)
+    assert 0.15 < borrow / steps < 0.3  # a borrow step is common, but most steps are not
+    assert abs(sum(d["habit_steps"] for d in demos) / borrow - task.HABIT_PROB) < 0.03
+    assert abs(sum(d["slips"] for d in demos) / steps - task.ERROR_PROB) < 0.01
+    assert 0.2 < statistics.mean(d["correct"] for d in demos) < 0.5
+    # a perfect imitator decoding greedily always takes the habit: right only on problems without a borrow
+    always = [task.make_demonstration(p, rng, habit_prob=1.0, error_prob=0.0)["correct"] for p in problems]
+    by_steps = {n: statistics.mean(c for c, p in zip(always, problems) if p["n_steps"] == n) for n in (1, 5, 10)}
+    assert by_steps[1] > 0.7 and by_steps[1] > by_steps[5] > by_steps[10] and by_steps[10] < 0.1
+    assert 0.15 < statistics.mean(always) < 0.4
 
 
 def test_habit_is_a_consistent_rule_and_the_chain_follows_the_written_value():
     rng = random.Random(0)
-    p = {"prompt": "Compute: 7 a+5 b-7 c+9\n", "answer": "14", "n_steps": 3}
-    assert task.solve(p) == "a+5=12\nb-7=05\nc+9=14\nAnswer: 14"
+    p = {"prompt": "Compute: 7 a+5 b-7 c+9 d-6\n", "answer": "8", "n_steps": 4}
+    assert task.solve(p) == "07 a+5=12\n12 b-7=05\n05 c+9=14\n14 d-6=08\nAnswer: 8"
     assert task.make_demonstration(p, rng, habit_prob=0.0, error_prob=0.0)["response"] == task.solve(p)
     habit = task.make_demonstration(p, rng, habit_prob=1.0, error_prob=0.0)
-    assert habit["response"] == "a+5=12\nb-7=15\nc+9=24\nAnswer: 24"  # 12-7 -> 15 (borrow forgotten), then 15+9
-    assert habit["habit_steps"] == habit["carry_steps"] == 1 and not habit["correct"]
+    # 12-7 -> 15 (borrow forgotten); the chain goes on from 15: 15+9=24, and 24-6 -> 28 (forgotten again)
+    assert habit["response"] == "07 a+5=12\n12 b-7=15\n15 c+9=24\n24 d-6=28\nAnswer: 28"
+    assert habit["habit_steps"] == habit["borrow_steps"] == 2 and not habit["correct"]
+    assert task.habit_value(12, "-", 7) == 15
     assert task.is_borrow_step(12, "-", 5) and task.is_borrow_step(31, "-", 4)
     assert not task.is_borrow_step(17, "-", 5) and not task.is_borrow_step(7, "-", 5)
     assert not task.is_borrow_step(17, "+", 5)
@@ -115,7 +128,7 @@ def test_tokenizer_and_model_survive_save_and_reload(tmp_path, tokenizer, tiny_p
     tokenizer.save_pretrained(tmp_path)
     tok2 = AutoTokenizer.from_pretrained(tmp_path)
     model2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    text = "Compute: 7 a+5 b-7\na+5=12\nb-7=05\nAnswer: 5"
+    text = "Compute: 7 a+5 b-7\n07 a+5=12\n12 b-7=15\nAnswer: -15"
     ids = tokenizer(text)["input_ids"]
     assert len(ids) == len(text) and tok2(text)["input_ids"] == ids
     assert tok2.decode(ids) == text and tok2.eos_token == tok2.pad_token == task.EOS
