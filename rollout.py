@@ -342,9 +342,10 @@ def score_rollout(policy, value_model, rollout: Rollout, micro_batch_size: int =
     for m in models:
         m.eval()
     parts: dict[str, list[torch.Tensor]] = {}
+    order = by_length(rollout, torch.arange(rollout.B, device=rollout.lengths.device))
     try:
-        for start in range(0, rollout.B, micro_batch_size):
-            mb = rollout.select(slice(start, start + micro_batch_size))  # trimmed to its own longest response
+        for micro in order.split(micro_batch_size):
+            mb = rollout.select(micro)  # trimmed to its own longest prompt and response
             widen = (0, rollout.T - mb.T)  # back to the full batch's T
             if policy is not None:
                 logprobs, entropy = response_logprobs(policy, mb, temperature, with_entropy=True)
@@ -355,4 +356,15 @@ def score_rollout(policy, value_model, rollout: Rollout, micro_batch_size: int =
     finally:
         for m, mode in zip(models, modes):
             m.train(mode)
-    return {k: torch.cat(v, 0) for k, v in parts.items()}  # each [B, T]
+    unsort = order.argsort()  # rows back in the rollout's order
+    return {k: torch.cat(v, 0)[unsort] for k, v in parts.items()}  # each [B, T]
+
+
+def by_length(rollout: Rollout, idx: torch.Tensor) -> torch.Tensor:
+    """The row indices idx reordered by total length (prompt + response), so that consecutive micro-batches hold
+    rows of similar length and Rollout.select trims most of their padding. On the demo's rollouts (1 to 10 step
+    problems in one batch) a forward and backward pass in sorted micro-batches of 16 was 2.5x faster than one
+    pass and 1.3x faster than micro-batches in rollout order (bench/bench_micro_batches.py). Stable sort, so
+    deterministic."""
+    total = rollout.prompt_mask[idx].sum(1) + rollout.lengths[idx]  # [b]
+    return idx[torch.sort(total, stable=True).indices]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from models import value_model_from_policy
-from rollout import HFEngine, Rollout, response_logprobs, response_values, score_rollout
+from rollout import HFEngine, Rollout, by_length, response_logprobs, response_values, score_rollout
 
 PROMPTS = ["1+2=", "a much longer prompt, to pad the others:", "xyz"]  # different lengths -> left padding
 ATOL = 1e-4  # float32: sampler (KV cache, one token at a time) vs one full forward pass; measured ~1e-6
@@ -250,3 +250,14 @@ def test_select_to_and_cat(tiny_policy, tokenizer):
                  "sampler_logprobs", "prompt_index"):
         assert torch.equal(getattr(back, name), getattr(r, name)), name
     assert back.texts == r.texts
+
+
+def test_by_length_orders_rows_by_total_length(tiny_policy, tokenizer):
+    r = HFEngine(with_eos_bias(tiny_policy, tokenizer, 3.0), tokenizer, max_new_tokens=12).generate(
+        PROMPTS, n=3, seed=0)
+    idx = torch.tensor([5, 0, 3, 1])
+    order = by_length(r, idx)
+    assert sorted(order.tolist()) == sorted(idx.tolist())  # a permutation of the given rows, no others
+    total = r.prompt_mask.sum(1) + r.lengths  # [B]
+    assert (total[order][1:] >= total[order][:-1]).all()
+    assert len(set(total.tolist())) > 1  # the rows really differ in length, so the order means something
