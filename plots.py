@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 
@@ -123,6 +124,7 @@ def summarize(path: str) -> dict:
 
 if __name__ == "__main__":
     src = sys.argv[1]
-    print(plot_metrics(src, sys.argv[2] if len(sys.argv) > 2 else src.replace(".jsonl", ".png")))
+    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(src)), "curves.png")
+    print(plot_metrics(src, out))
     for key, value in summarize(src).items():
         print(f"{key:45s} {value:.3f}" if isinstance(value, float) else f"{key:45s} {value}")

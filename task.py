@@ -27,7 +27,8 @@ The base model is a short supervised warm start on *imperfect* demonstrations. B
 crosses a multiple of ten (about 1 step in 5), they usually (HABIT_PROB) forget the borrow (12-5 -> 17).
 Greedy decoding follows the habit, so base accuracy is low under greedy decoding as well as under sampling, and
 falls with the number of steps; sampling at temperature 1 still takes the correct path on such a step about 1
-time in 5, which is what RL must find and reinforce. Each wrong step is carried into the next line, so the
+time in 3 (measured: 119 of 352 borrow steps in 512 samples of the built model), which is what RL must find
+and reinforce; nucleus sampling at top-p 0.7, as evaluation does, nearly always cuts that path off. Each wrong step is carried into the next line, so the
 final answer is wrong. The habit only ever adds 10, so two habit errors never cancel.
 
 Held-out split: every expression belongs to exactly one split, "train" or "eval", by a hash of its text
@@ -36,7 +37,7 @@ the seeds. The base model is trained on "train" expressions only.
 
 Entry points: `python task.py build [--out DIR]` builds the base model and prints its accuracy table;
 `python task.py eval [--model DIR]` prints accuracy by number of steps. Other code calls `ensure_base_model()`,
-which builds the model once into the cache (<repo>/.cache/arith-base-v2, or $VAPO_CACHE/arith-base-v2).
+which builds the model once into the cache (<repo>/.cache/arith-base-v3, or $VAPO_CACHE/arith-base-v3).
 """
 from __future__ import annotations
 
@@ -63,12 +64,12 @@ MAX_VALUE = 19  # the correct running total stays in 0..MAX_VALUE, so there are 
 PROMPT_PREFIX = "Compute: "
 ANSWER_PREFIX = "Answer: "
 EVAL_FRACTION = 0.2  # share of all expressions reserved for held-out evaluation (by hash, see split_of)
-HABIT_PROB = 0.75  # P(forget the borrow | is_borrow_step), in demonstrations
+HABIT_PROB = 0.65  # P(forget the borrow | is_borrow_step), in demonstrations
 ERROR_PROB = 0.03  # P(a random slip of +-1 or +-2) on any step of a demonstration
 MAX_RESPONSE_TOKENS = 128  # generation budget: ten correct steps take 111 tokens with EOS
 
 # --- the base model (supervised warm start) ---------------------------------------------------------------
-BASE_NAME = "arith-base-v2"  # bump when the task or the recipe changes, so stale caches are not reused
+BASE_NAME = "arith-base-v3"  # bump when the task or the recipe changes, so stale caches are not reused
 BUILD_INFO = "build_info.json"
 SFT_STEPS = 700  # about 2.5 minutes of training on 2 CPU cores (fp32; see warm_start)
 SFT_TOKENS_PER_BATCH = 2048  # batch size adapts to the sequence length of the step count drawn
@@ -380,7 +381,8 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     terms in this budget; restating the total before the term (digit accuracy after 300 steps of an arithmetic
     drill: 78% against 51%) and drawing long problems more often (greedy accuracy after 700 steps: 20% against
     8%) made the arithmetic precise enough. The habit is learned early and kept near its demonstration rate
-    (on borrow steps of the built model: P(habit) 0.81, P(correct) 0.19, greedy takes the habit every time).
+    (with HABIT_PROB 0.75 the built model took the habit on 81% of sampled borrow steps, and the RL demo could
+    hardly move it; with 0.65, on 66%: arith-base-v3, held-out greedy 21.0%, sampled 25.0%, built in 189 s).
     """
     import torch
     start = time.time()
@@ -422,7 +424,7 @@ def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
 
 
 def base_model_path() -> str:
-    """Where the base model is cached: $VAPO_CACHE/arith-base-v2, or <repo>/.cache/arith-base-v2."""
+    """Where the base model is cached: $VAPO_CACHE/arith-base-v3, or <repo>/.cache/arith-base-v3."""
     root = os.environ.get("VAPO_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
     return os.path.join(root, BASE_NAME)
 
