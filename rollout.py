@@ -117,6 +117,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
 
+COMPACT_FRACTION = 0.125  # drop finished rows from the sampling batch once they are this share of it
+
+
 def _cache_kwarg(model) -> str:
     # transformers 5.x renamed the forward argument `past_key_values` to `cache`; accept either.
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -153,38 +156,53 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
 @torch.no_grad()
 def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
            eos_ids: list[int], pad_id: int, generator=None):
-    """Autoregressive sampling with a KV cache, one token per step for every row, until every row has produced
-    an EOS or max_new_tokens steps have run. A row that is done gets pad tokens with log-prob 0.
+    """Autoregressive sampling with a KV cache, one token per step for every unfinished row, until every row has
+    produced an EOS or max_new_tokens steps have run. A row that is done gets pad tokens with log-prob 0.
 
     prompt_ids, prompt_mask [B, P] left-padded -> (tokens [B, T0] long, logprobs [B, T0] float32), T0 <= max_new.
     Our own loop rather than `model.generate`: generate only exposes the sampling distribution through
     `output_scores`, a [B, V] tensor per step kept for the whole generation (gigabytes for a 150k vocabulary),
     while this loop keeps one [B, V] at a time.
+    Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
+    of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py).
     """
     B = prompt_ids.shape[0]
-    eos = torch.tensor(eos_ids, device=prompt_ids.device)
+    device = prompt_ids.device
+    eos = torch.tensor(eos_ids, device=device)
     attention_mask = prompt_mask.long()
     positions = position_ids(attention_mask)  # [B, P]
     out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
                 logits_to_keep=1)
     next_position = positions[:, -1:] + 1  # [B, 1]; the last prompt column is real in every row (left padding)
     cache_kw = _cache_kwarg(model)
-    done = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
-    tokens, logprobs = [], []
-    for _ in range(max_new_tokens):
-        token, logprob = sample_next(out.logits[:, -1].float(), temperature, top_p, generator)  # [B], [B]
-        token = token.masked_fill(done, pad_id)
-        logprob = logprob.masked_fill(done, 0.0)
-        tokens.append(token)
-        logprobs.append(logprob)
+    cache = _output_cache(out)
+    can_compact = hasattr(cache, "batch_select_indices")
+    rows = torch.arange(B, device=device)  # [b] the original row of each row still in the batch
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # [b] rows in the batch that have finished
+    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [B, max_new]
+    logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)  # [B, max_new]
+    steps = 0
+    for t in range(max_new_tokens):
+        token, logprob = sample_next(out.logits[:, -1].float(), temperature, top_p, generator)  # [b], [b]
+        live = ~done
+        tokens[rows[live], t] = token[live]
+        logprobs[rows[live], t] = logprob[live]
+        steps = t + 1
         done |= torch.isin(token, eos)
         if done.all():
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], 1)  # [B, P + t + 1]
+        if can_compact and done.sum() >= COMPACT_FRACTION * len(rows):
+            keep = (~done).nonzero().squeeze(1)  # [b']
+            cache.batch_select_indices(keep)
+            rows, done, token = rows[keep], done[keep], token[keep]
+            attention_mask, next_position = attention_mask[keep], next_position[keep]
+        token = token.masked_fill(done, pad_id)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], 1)  # [b, P + t + 1]
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
-                    use_cache=True, **{cache_kw: _output_cache(out)})
+                    use_cache=True, **{cache_kw: cache})
+        cache = _output_cache(out)
         next_position = next_position + 1
-    return torch.stack(tokens, 1), torch.stack(logprobs, 1)  # [B, T0], [B, T0]
+    return tokens[:, :steps], logprobs[:, :steps]  # [B, T0], [B, T0]
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

@@ -261,3 +261,20 @@ def test_by_length_orders_rows_by_total_length(tiny_policy, tokenizer):
     total = r.prompt_mask.sum(1) + r.lengths  # [B]
     assert (total[order][1:] >= total[order][:-1]).all()
     assert len(set(total.tolist())) > 1  # the rows really differ in length, so the order means something
+
+
+def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_policy, tokenizer, monkeypatch):
+    """Rows that finished are dropped from the batch and the KV cache mid-generation; the log-probs recomputed in
+    one full forward pass still match the sampler's on every remaining token, so no row read another's cache."""
+    import transformers
+    selected = []
+    original = transformers.DynamicCache.batch_select_indices
+    monkeypatch.setattr(transformers.DynamicCache, "batch_select_indices",
+                        lambda self, idx: (selected.append(len(idx)), original(self, idx))[1])
+    model = with_eos_bias(tiny_policy, tokenizer, 3.0)
+    r = HFEngine(model, tokenizer, max_new_tokens=24).generate(PROMPTS, n=4, seed=0)
+    assert selected and r.B > selected[0] > 0  # the batch did shrink
+    assert len(set(r.lengths.tolist())) > 2 and int(r.lengths.max()) > 2
+    logprobs, _ = response_logprobs(model, r)
+    assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)
+    assert (r.response_ids[r.response_mask == 0] == r.pad_id).all()
