@@ -222,4 +222,3 @@ def test_command_line_runs(tiny_model_dir, tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "vapo.py"), "--alpha", "-1"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "--alpha" in bad.stderr
-
