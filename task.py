@@ -22,22 +22,25 @@ Why this task makes VAPO's three problems real:
 - sparse terminal reward: only the final `Answer:` line is checked, a slip in any step makes it wrong;
 - a value model that knows nothing: the critic starts from the warm-started policy's weights plus a zero head.
 
-The base model is a short supervised warm start on *imperfect* demonstrations. Besides random slips
-(ERROR_PROB per step), the demonstrations have a systematic habit: when a subtraction from a two-digit total
-crosses a multiple of ten (about 1 step in 5), they usually (HABIT_PROB) forget the borrow (12-5 -> 17).
-Greedy decoding follows the habit, so base accuracy is low under greedy decoding as well as under sampling, and
-falls with the number of steps; sampling at temperature 1 still takes the correct path on such a step about 1
-time in 3 (measured: 119 of 352 borrow steps in 512 samples of the built model), which is what RL must find
-and reinforce. Each wrong step is carried into the next line, so the final answer is wrong. The habit only
-ever adds 10, so two habit errors never cancel.
+The base model is a supervised warm start on *imperfect* demonstrations. Besides random slips (ERROR_PROB
+per step), the demonstrations have a systematic habit: when a subtraction from a two-digit total crosses a
+multiple of ten (about 1 step in 5), they usually (HABIT_PROB) forget the borrow (12-5 -> 17). The warm start
+is long enough for the model to be precise at everything else (no wrong ordinary step under greedy decoding):
+greedy decoding follows the habit on nearly every borrow step, so base accuracy is low under greedy decoding as
+well as under sampling, and falls with the number of steps; sampling at temperature 1 still takes the correct
+path on about one borrow step in three, which is what RL must find and reinforce (`python task.py eval` prints
+these rates, see step_errors). Each wrong step is carried into the next line, so the final answer is wrong.
+The habit only ever adds 10, so two habit errors never cancel.
 
 Held-out split: every expression belongs to exactly one split, "train" or "eval", by a hash of its text
 (EVAL_FRACTION of all expressions are "eval"), so training prompts and held-out prompts never overlap, whatever
 the seeds. The base model is trained on "train" expressions only.
 
-Entry points: `python task.py build [--out DIR]` builds the base model and prints its accuracy table;
-`python task.py eval [--model DIR]` prints accuracy by number of steps. Other code calls `ensure_base_model()`,
-which builds the model once into the cache (<repo>/.cache/arith-base-v3, or $VAPO_CACHE/arith-base-v3).
+The base model is shipped (SHIPPED_BASE, <repo>/base-model, 4 MB): the demo starts from the same weights on
+every machine. Entry points: `python task.py build [--seed N] [--out DIR]` rebuilds it (into the cache,
+<repo>/.cache/arith-base-v4 or $VAPO_CACHE/arith-base-v4, unless --out) and prints its accuracy table and
+whether it is bit-identical to the shipped one; `python task.py eval [--model DIR]` prints accuracy by number
+of steps and the step error rates. Other code calls `ensure_base_model()`, which returns the shipped folder.
 """
 from __future__ import annotations
 
@@ -69,9 +72,16 @@ ERROR_PROB = 0.03  # P(a random slip of +-1 or +-2) on any step of a demonstrati
 MAX_RESPONSE_TOKENS = 128  # generation budget: ten correct steps take 111 tokens with EOS
 
 # --- the base model (supervised warm start) ---------------------------------------------------------------
-BASE_NAME = "arith-base-v3"  # bump when the task or the recipe changes, so stale caches are not reused
+BASE_NAME = "arith-base-v4"  # bump when the task or the recipe changes, so stale caches are not reused
 BUILD_INFO = "build_info.json"
-SFT_STEPS = 700  # about 3 minutes of training on 2 CPU cores (fp32; measured 178 s, see warm_start)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# The base model the demo starts from, built once by `python task.py build --out base-model` and committed, so
+# every machine starts from the same bits (a rebuild on another CPU gives another model: its kernels round
+# differently). SHIPPED_SHA256 is its weights' checksum; tests check the files against it and their accuracy
+# against build_info.json.
+SHIPPED_BASE = os.path.join(ROOT, "base-model")
+SHIPPED_SHA256 = "c3778d821c15ce7706fd6e96a3ae395aee6e17ed8589319f6825be3afcf64cd7"
+SFT_STEPS = 2000  # about 8 minutes on one CPU core (fp32, 0.23 s/step); see warm_start and build_base_model
 SFT_TOKENS_PER_BATCH = 2048  # batch size adapts to the sequence length of the step count drawn
 SFT_LR = 3e-3
 SFT_INIT_STD = 0.1  # init std of the warm start: with Qwen2's 0.02 finding the labelled terms took far longer
@@ -86,8 +96,9 @@ def build_tokenizer() -> Qwen2Tokenizer:
     """A byte-level tokenizer with no merges: one token per byte (256) plus EOS, which is also the pad token.
 
     Byte-level with an empty merge list round-trips any text exactly, also after save_pretrained /
-    AutoTokenizer.from_pretrained (a character-level vocabulary would silently lose its spaces on reload, see
-    ENVIRONMENT.md). Padding is on the left, as generation needs.
+    AutoTokenizer.from_pretrained (a character-level vocabulary would silently lose its spaces on reload: in
+    transformers 5.x AutoTokenizer rebuilds a Qwen2 tokenizer from vocab and merges and drops the saved
+    pre-tokenizer). Padding is on the left, as generation needs.
     """
     vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}  # deterministic ids 0..255
     vocab[EOS] = len(vocab)
@@ -250,6 +261,35 @@ def is_correct(response: str, gold: str) -> bool:
     return extract_answer(response) == int(gold)
 
 
+_LINE = re.compile(r"(\d+) ([a-j])([+-])(\d)=(\d+)")
+
+
+def step_errors(response: str, problem: dict) -> dict[str, int]:
+    """What a response did on each step it wrote, judged against the line's own start total (so an early error
+    is not counted again on every later line). Counts: "borrow" steps (is_borrow_step) and on them "habit"
+    (habit_value written) and "borrow_ok" (the correct total); "other" steps and "other_wrong" among them;
+    "lookup_wrong" (a line whose label, sign or term is not the prompt's). Stops at the first line that is not
+    a step line. Tells a base model that only has the habit (what RL is meant to fix) from one that is also
+    imprecise at the arithmetic itself (which RL must then teach, far more slowly)."""
+    counts = dict(borrow=0, habit=0, borrow_ok=0, other=0, other_wrong=0, lookup_wrong=0)
+    _, terms = parse_expr(problem)
+    for line, tag, (op, b) in zip(response.split("\n"), TAGS, terms):
+        m = _LINE.fullmatch(line)
+        if m is None:
+            break
+        a, written_op, written_b, new = int(m[1]), m[3], int(m[4]), int(m[5])
+        counts["lookup_wrong"] += (m[2], written_op, written_b) != (tag, op, b)
+        right = _apply(a, written_op, written_b)
+        if is_borrow_step(a, written_op, written_b):
+            counts["borrow"] += 1
+            counts["habit"] += new == habit_value(a, written_op, written_b)
+            counts["borrow_ok"] += new == right
+        else:
+            counts["other"] += 1
+            counts["other_wrong"] += new != right
+    return counts
+
+
 # --- evaluation ---------------------------------------------------------------------------------------------
 def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float, top_p: float = 1.0,
                       samples: int = 1, max_new_tokens: int = MAX_RESPONSE_TOKENS, batch_size: int = 128) -> dict:
@@ -257,7 +297,9 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
 
     temperature 0 means greedy decoding (then samples > 1 only repeats the same answer). Each problem is
     sampled `samples` times. Returns {"accuracy", "by_steps": {n_steps: accuracy}, "count" (responses
-    scored), "mean_tokens" (mean response length in tokens, EOS included)}.
+    scored), "mean_tokens" (mean response length in tokens, EOS included), "steps": step_errors summed, with
+    the rates "habit_rate" and "borrow_ok_rate" (per borrow step), "other_error_rate" (per other step) and
+    "lookup_rate" (per step)}.
     """
     import torch
     # problems of one step count share a prompt length and a response length: batch them together
@@ -265,7 +307,7 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
     # top_k=0: plain temperature / nucleus sampling, not generate's habit of a top-50 cut when it has a default
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
         dict(do_sample=False)
-    hits, tokens = {}, 0
+    hits, tokens, steps = {}, 0, {}
     model.eval()
     for i in range(0, len(jobs), batch_size):
         batch = jobs[i:i + batch_size]
@@ -278,20 +320,32 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
         tokens += int(torch.minimum(real.sum(-1) + 1, torch.tensor(new.shape[1])).sum())
         for p, text in zip(batch, tokenizer.batch_decode(new, skip_special_tokens=True)):
             hits.setdefault(p["n_steps"], []).append(is_correct(text, p["answer"]))
+            for k, v in step_errors(text, p).items():
+                steps[k] = steps.get(k, 0) + v
     flat = [h for v in hits.values() for h in v]
+    steps.update(habit_rate=steps["habit"] / max(steps["borrow"], 1),
+                 borrow_ok_rate=steps["borrow_ok"] / max(steps["borrow"], 1),
+                 other_error_rate=steps["other_wrong"] / max(steps["other"], 1),
+                 lookup_rate=steps["lookup_wrong"] / max(steps["borrow"] + steps["other"], 1))
     return {"accuracy": sum(flat) / max(len(flat), 1),
             "by_steps": {n: sum(v) / len(v) for n, v in sorted(hits.items())},
-            "count": len(flat), "mean_tokens": tokens / max(len(flat), 1)}
+            "count": len(flat), "mean_tokens": tokens / max(len(flat), 1), "steps": steps}
 
 
 def format_table(results: dict[str, dict]) -> str:
-    """A text table of accuracy by number of steps, one column per entry of results (e.g. greedy, sampled)."""
+    """A text table of accuracy by number of steps, one column per entry of results (e.g. greedy, sampled),
+    then what the responses did on borrow steps and on the other steps (see step_errors)."""
     names = list(results)
     steps = sorted({n for r in results.values() for n in r["by_steps"]})
-    rows = ["steps " + "".join(f"{name:>10}" for name in names)]
-    rows += [f"{n:>5} " + "".join(f"{100 * results[k]['by_steps'].get(n, float('nan')):>9.1f}%" for k in names)
-             for n in steps]
-    rows.append("  all " + "".join(f"{100 * results[k]['accuracy']:>9.1f}%" for k in names))
+    row = lambda label, cells: f"{label:<22}" + "".join(f"{c:>10}" for c in cells)  # noqa: E731
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    rows = [row("steps", names)]
+    rows += [row(f"{n:>5}", [pct(results[k]["by_steps"].get(n, float("nan"))) for k in names]) for n in steps]
+    rows.append(row("  all", [pct(results[k]["accuracy"]) for k in names]))
+    if all("steps" in r for r in results.values()):
+        for label, key in (("borrow steps: habit", "habit_rate"), ("borrow steps: correct", "borrow_ok_rate"),
+                           ("other steps: wrong", "other_error_rate"), ("steps: term misread", "lookup_rate")):
+            rows.append(row(label, [pct(results[k]["steps"][key]) for k in names]))
     return "\n".join(rows)
 
 
@@ -315,27 +369,18 @@ def _sft_batch(tokenizer, rng: random.Random, n_steps: int, tokens_per_batch: in
     return ids, labels
 
 
-def _cpu_has_fast_bf16() -> bool:
-    import torch
-    try:  # AVX512-BF16 / AMX; on AVX2-only CPUs bf16 is emulated and autocast is many times slower than fp32
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, lr: float = SFT_LR,
                tokens_per_batch: int = SFT_TOKENS_PER_BATCH, progress: bool = True) -> list[float]:
     """Supervised warm start on imperfect demonstrations (training split only); returns the loss per step.
 
     Loss on response tokens (and EOS) only. AdamW, warmup then cosine decay to 10%; one step count per batch,
-    so padding is negligible. bf16 autocast only where the CPU has native bf16: it was about 2x faster on an
-    AVX512-BF16 machine, but emulated bf16 on an AVX2-only CPU made a step about 10x slower than fp32.
-    Measured on 2 AVX2 cores (fp32, other jobs sharing the cores): 700 steps of 2048 tokens in 173 s.
+    so padding is negligible. Always float32: bf16 autocast (once used where the CPU has native bf16) made the
+    recipe itself differ between machines, and on this 1M model it saved nothing (0.21 against 0.23 s/step,
+    one AVX-512 thread).
     """
     import torch
     from tqdm.auto import tqdm
     rng = random.Random(f"sft/{seed}")
-    bf16 = _cpu_has_fast_bf16()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / SFT_WARMUP) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / max(steps, 1), 1.0)))))
@@ -348,8 +393,7 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
     for _ in bar:
         n_steps = rng.choices(step_counts, weights=step_counts)[0]
         ids, labels = _sft_batch(tokenizer, rng, n_steps, tokens_per_batch)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(input_ids=ids, labels=labels).loss
+        loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -362,10 +406,16 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
 
 
 def measure_base(model, tokenizer, per_step: int = EVAL_PER_STEP, seed: int = EVAL_SEED) -> dict:
-    """Greedy and sampled (temperature 1.0) accuracy on per_step held-out problems for each step count."""
+    """Greedy and sampled (temperature 1.0) accuracy on per_step held-out problems for each step count. The
+    samples are drawn from a generator seeded with `seed` (the caller's RNG state is left as it was), so the
+    same weights give the same figures on the same machine."""
+    import torch
     problems = make_dataset(per_step * (MAX_STEPS - MIN_STEPS + 1), seed, split="eval")
-    return {"greedy": evaluate_accuracy(model, tokenizer, problems, temperature=0.0),
-            "sampled": evaluate_accuracy(model, tokenizer, problems, temperature=1.0)}
+    greedy = evaluate_accuracy(model, tokenizer, problems, temperature=0.0)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        sampled = evaluate_accuracy(model, tokenizer, problems, temperature=1.0)
+    return {"greedy": greedy, "sampled": sampled}
 
 
 def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
@@ -376,13 +426,15 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     half-written folder. out_dir also gets BUILD_INFO, a JSON of the recipe, the build time and the measured
     greedy and sampled accuracy on held-out problems. Returns that JSON as a dict.
 
-    What the recipe rests on (1M model, 2 AVX2 cores, ~1.4M training tokens; one seed each): arithmetic and
-    label lookup are the slow parts. Init std 0.1 instead of 0.02 was what let the model find the labelled
-    terms in this budget; restating the total before the term (digit accuracy after 300 steps of an arithmetic
-    drill: 78% against 51%) and drawing long problems more often (greedy accuracy after 700 steps: 20% against
-    8%) made the arithmetic precise enough. The habit is learned early and kept near its demonstration rate
-    (with HABIT_PROB 0.75 the built model took the habit on 81% of sampled borrow steps, and the RL demo could
-    hardly move it; with 0.65, on 66%: arith-base-v3, held-out greedy 21.0%, sampled 25.0%, built in 189 s).
+    What the recipe rests on (1M model; one seed each unless said): arithmetic and label lookup are the slow
+    parts. Init std 0.1 instead of 0.02 was what let the model find the labelled terms; restating the total
+    before the term (digit accuracy after 300 steps of an arithmetic drill: 78% against 51%) and drawing long
+    problems more often (greedy accuracy after 700 steps: 20% against 8%) sped up the arithmetic. 700 steps
+    (arith-base-v3) were not enough: that model still got 11% of ordinary steps wrong under greedy decoding
+    (20% sampled) and misread 6% of the terms, so RL had to teach it arithmetic, not only fix the habit, and
+    the demo learned on one machine's build and not on another's. With 2,000 steps, two warm-start seeds each
+    gave 0.0% and 0.4% wrong ordinary steps under greedy decoding, the habit on 98% of greedy and 55-66% of
+    sampled borrow steps (HABIT_PROB 0.65), and the RL demo gained 42-74 points from both (README.md).
     """
     import torch
     start = time.time()
@@ -412,6 +464,7 @@ def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        info["sha256"] = weights_sha256(tmp)
         with open(os.path.join(tmp, BUILD_INFO), "w") as f:
             json.dump(info, f, indent=1)
         if os.path.exists(out_dir):  # a rebuild: move the old folder aside first (rename cannot overwrite)
@@ -423,18 +476,33 @@ def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
 
 
+def weights_sha256(folder: str) -> str:
+    """sha256 of a model folder's weights file (model.safetensors): the identity of a base model."""
+    digest = hashlib.sha256()
+    with open(os.path.join(folder, "model.safetensors"), "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cache_path(name: str = BASE_NAME) -> str:
+    """$VAPO_CACHE/<name>, or <repo>/.cache/<name>: where `python task.py build` writes by default."""
+    root = os.environ.get("VAPO_CACHE") or os.path.join(ROOT, ".cache")
+    return os.path.join(root, name)
+
+
 def base_model_path() -> str:
-    """Where the base model is cached: $VAPO_CACHE/arith-base-v3, or <repo>/.cache/arith-base-v3."""
-    root = os.environ.get("VAPO_CACHE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
-    return os.path.join(root, BASE_NAME)
+    """The base model the demo starts from: the shipped one (<repo>/base-model), else the cache's build."""
+    return SHIPPED_BASE if os.path.exists(os.path.join(SHIPPED_BASE, BUILD_INFO)) else cache_path()
 
 
 def ensure_base_model(log=print) -> str:
-    """The cached base model's folder, built first if missing (once: about 3 minutes on 2 CPU cores)."""
+    """The base model's folder: the shipped one, or (if a checkout lacks it) a build cached once (minutes)."""
     path = base_model_path()
     if os.path.exists(os.path.join(path, BUILD_INFO)):
         return path
-    log(f"Building the built-in base model once (about 3 minutes on 2 CPU cores); it is cached in {path}")
+    log(f"No shipped base model in {SHIPPED_BASE}: building one (about {SFT_STEPS * 0.25 / 60:.0f} minutes on "
+        f"one CPU core), cached in {path}")
     info = build_base_model(path)
     log(f"Built in {info['build_seconds']:.0f} s: held-out greedy accuracy "
         f"{100 * info['eval']['greedy']['accuracy']:.1f}%, sampled {100 * info['eval']['sampled']['accuracy']:.1f}%")
@@ -447,21 +515,31 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the base model and print its accuracy table")
-    b.add_argument("--out", default=None, help="output folder (default: the cache, see base_model_path)")
+    b.add_argument("--out", default=None, help="output folder (default: the cache, see cache_path; "
+                   "--out base-model replaces the shipped base model)")
     b.add_argument("--steps", type=int, default=SFT_STEPS, help="warm-start optimizer steps")
+    b.add_argument("--seed", type=int, default=SFT_SEED, help="warm-start seed (another seed: another base model)")
     e = sub.add_parser("eval", help="print a model's held-out accuracy by number of steps")
     e.add_argument("--model", default=None, help="model folder (default: the cached base model)")
     e.add_argument("--per-step", type=int, default=EVAL_PER_STEP, help="held-out problems per step count")
     e.add_argument("--seed", type=int, default=EVAL_SEED, help="seed of the held-out problems")
     args = ap.parse_args(argv)
     if args.cmd == "build":
-        out = args.out or base_model_path()
-        info = build_base_model(out, steps=args.steps)
-        print(f"saved to {out} in {info['build_seconds']} s (training {info['train_seconds']} s)")
+        out = args.out or cache_path()
+        info = build_base_model(out, steps=args.steps, seed=args.seed)
+        print(f"saved to {out} in {info['build_seconds']} s (training {info['train_seconds']} s), "
+              f"weights sha256 {info['sha256'][:16]}...")
+        if os.path.abspath(out) != SHIPPED_BASE:
+            same = info["sha256"] == SHIPPED_SHA256
+            print("identical to the shipped base model" if same else
+                  "not bit-identical to the shipped base model (another seed, recipe or CPU: floating-point "
+                  f"kernels differ between CPUs); run the demo from it with: python vapo.py --preset demo "
+                  f"--model {out}")
         acc = {k: info["eval"][k] for k in ("greedy", "sampled")}
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         path = args.model or ensure_base_model()
+        print(f"{path} (weights sha256 {weights_sha256(path)[:16]}...)")
         tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
         acc = measure_base(model, tokenizer, per_step=args.per_step, seed=args.seed)
     print(format_table(acc))

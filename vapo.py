@@ -260,10 +260,11 @@ class Config:
 # Presets: named sets of overrides. `python vapo.py` with no --model uses "demo"; with --model, "paper".
 PRESETS: dict[str, dict] = {
     "paper": {},
-    # The built-in demo on a 2-core CPU in under 10 minutes (figures in README.md). Tiny model, short
-    # responses: larger learning rates than the paper's (but an actor lr of 3e-4 or more raised the entropy and
-    # undid the gains), alpha = 0.5 so that lambda_policy is 0.9-0.99 at 20-110 tokens, small micro-batches
-    # (sorted by length: 2.5x faster than one pass), advantage whitening as verl does.
+    # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (figures over seeds
+    # and base models in README.md, from bench/demo_seeds.py). Tiny model, short responses: larger learning
+    # rates than the paper's (on an earlier, less precise base model an actor lr of 3e-4 or more raised the
+    # entropy and undid the gains), alpha = 0.5 so that lambda_policy is 0.9-0.99 at 20-110 tokens, small
+    # micro-batches (sorted by length: 2.5x faster than one pass), advantage whitening as verl does.
     "demo": dict(model="builtin", dataset="builtin", steps=60, prompts_per_step=16, samples_per_prompt=8,
                  mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
                  warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
@@ -357,7 +358,7 @@ def autocast(cfg: Config, device: torch.device):
 
 
 def load_models(cfg: Config, device: torch.device):
-    """(policy, critic, tokenizer): the policy from --model (the built-in base model is built once if missing),
+    """(policy, critic, tokenizer): the policy from --model ("builtin": the shipped base model, task.py),
     the critic from --value-model or else from the policy's weights with a zero head."""
     from models import load_policy, load_value_model, value_model_from_policy
     name = cfg.model

@@ -122,6 +122,19 @@ def test_habit_is_a_consistent_rule_and_the_chain_follows_the_written_value():
     assert not task.is_borrow_step(17, "+", 5)
 
 
+def test_step_errors_tell_the_habit_from_other_mistakes():
+    p = {"prompt": "Compute: 7 a+5 b-7 c+9 d-6\n", "answer": "8", "n_steps": 4}
+    assert task.step_errors(task.solve(p), p) == dict(borrow=2, habit=0, borrow_ok=2, other=2, other_wrong=0,
+                                                      lookup_wrong=0)
+    habit = "07 a+5=12\n12 b-7=15\n15 c+9=24\n24 d-6=28\nAnswer: 28"  # judged from each line's own total
+    assert task.step_errors(habit, p) == dict(borrow=2, habit=2, borrow_ok=0, other=2, other_wrong=0,
+                                              lookup_wrong=0)
+    # a wrong sum (07+5=13), a misread term (c for b) on a correct step, then text that is no step: stops there
+    assert task.step_errors("07 a+5=13\n13 c-7=06\nAnswer: 6\n06 c+9=15", p) == dict(
+        borrow=1, habit=0, borrow_ok=1, other=1, other_wrong=1, lookup_wrong=1)
+    assert task.step_errors("", p) == dict(borrow=0, habit=0, borrow_ok=0, other=0, other_wrong=0, lookup_wrong=0)
+
+
 def test_tokenizer_and_model_survive_save_and_reload(tmp_path, tokenizer, tiny_policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tiny_policy.save_pretrained(tmp_path)
@@ -144,6 +157,7 @@ def test_evaluate_accuracy_runs_greedy_and_sampled(tokenizer, tiny_policy):
         r = task.evaluate_accuracy(tiny_policy, tokenizer, problems, temperature, samples=2, max_new_tokens=6)
         assert r["count"] == 8 and set(r["by_steps"]) == {1, 2} and 0 <= r["accuracy"] <= 1
         assert 1 <= r["mean_tokens"] <= 6
+        assert 0 <= r["steps"]["habit_rate"] <= 1 and 0 <= r["steps"]["other_error_rate"] <= 1
 
 
 def test_build_base_model_writes_a_loadable_folder(tmp_path):
@@ -162,9 +176,32 @@ def test_build_base_model_writes_a_loadable_folder(tmp_path):
 
 def test_cache_location_and_reuse(tmp_path, monkeypatch):
     monkeypatch.setenv("VAPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(task, "SHIPPED_BASE", str(tmp_path / "not-shipped"))  # a checkout without the shipped model
     path = task.base_model_path()
-    assert path == os.path.join(str(tmp_path), task.BASE_NAME)
+    assert path == task.cache_path() == os.path.join(str(tmp_path), task.BASE_NAME)
     os.makedirs(path)
     with open(os.path.join(path, task.BUILD_INFO), "w") as f:
         json.dump({}, f)
     assert task.ensure_base_model(log=lambda msg: pytest.fail("must not rebuild a cached model")) == path
+
+
+def test_the_demo_starts_from_the_shipped_base_model():
+    assert task.ensure_base_model(log=lambda msg: pytest.fail("must not build: it is shipped")) == task.SHIPPED_BASE
+
+
+def test_shipped_base_model_is_the_recorded_one_and_scores_as_recorded():
+    """The shipped files are the ones the recipe built (checksum), load with stock transformers, and score on the
+    build's held-out problems what build_info.json recorded. Greedy decoding of the same weights can still
+    differ between CPUs where two logits are within rounding of each other, so the check allows 2 points (6 of
+    300 problems); a wrong or damaged model is off by far more."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = task.SHIPPED_BASE
+    info = json.load(open(os.path.join(path, task.BUILD_INFO)))
+    assert task.weights_sha256(path) == task.SHIPPED_SHA256 == info["sha256"]
+    assert info["name"] == task.BASE_NAME and info["recipe"]["steps"] == task.SFT_STEPS
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    problems = task.make_dataset(info["eval"]["per_step"] * (task.MAX_STEPS - task.MIN_STEPS + 1),
+                                 info["eval"]["seed"], split="eval")
+    greedy = task.evaluate_accuracy(model, tokenizer, problems, temperature=0.0)
+    assert abs(greedy["accuracy"] - info["eval"]["greedy"]["accuracy"]) <= 0.02, (greedy, info["eval"]["greedy"])
+    assert abs(greedy["mean_tokens"] - info["eval"]["greedy"]["mean_tokens"]) <= 1.0

@@ -1,0 +1,45 @@
+"""bench/demo_seeds.py reads run folders and counts what learned: checked on run folders written here by hand
+(the benchmark itself runs the demo for minutes per seed; see README.md for its figures)."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("demo_seeds", os.path.join(ROOT, "bench", "demo_seeds.py"))
+demo_seeds = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(demo_seeds)
+
+
+def fake_run(folder, steps, base, final, ev=0.2, finished=True):
+    """A run folder as vapo.py writes it: config.json, and metrics.jsonl with value pretraining, RL steps and
+    evaluations at step 0 and (if finished) at the last step. base/final: (avg@4, greedy) accuracy."""
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"steps": steps}, fh)
+    evals = [(0, base)] + ([(steps, final)] if finished else [])
+    records = [{"value_pretrain_step": 1, "explained_variance": ev, "value_loss": 0.1}]
+    records += [{"step": s, "train_acc": 0.5, "explained_variance": ev, "clip_frac": 0.01, "approx_kl": 1e-3,
+                 "entropy": 0.05} for s in range(1, steps + 1)]
+    for step, (avg, greedy) in evals:
+        records.append({"step": step, "eval/acc_avg@4": avg, "eval/acc_greedy": greedy, "time/elapsed": 10.0 * step,
+                        "eval/response_len_avg@4": 60.0, "eval/response_len_greedy": 60.0 + step / 10})
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_runs_are_summarised_and_counted(tmp_path):
+    fake_run(tmp_path / "a", 4, (0.30, 0.20), (0.90, 0.95))  # learned
+    fake_run(tmp_path / "b", 4, (0.30, 0.20), (0.50, 0.40))  # +20 points: short of the bar
+    fake_run(tmp_path / "c", 4, (0.30, 0.20), (0.70, 0.10))  # greedy ends below its base
+    fake_run(tmp_path / "d", 4, (0.30, 0.20), None, finished=False)  # killed before its last evaluation
+    assert [demo_seeds.finished(str(tmp_path / n)) for n in "abcd"] == [True, True, True, False]
+    a = demo_seeds.summarise_run(str(tmp_path / "a"))
+    assert abs(a["avg_gain"] - 0.60) < 1e-9 and abs(a["greedy_gain"] - 0.75) < 1e-9 and a["k"] == "avg@4"
+    assert abs(a["len_ratio"] - 60.4 / 60.0) < 1e-9 and a["ev"] == 0.2 and a["run_seconds"] == 40.0
+    assert demo_seeds.summarise_run(str(tmp_path / "d")) is None
+    rows = [{"base": "x", "seed": i, "summary": demo_seeds.summarise_run(str(tmp_path / n))}
+            for i, n in enumerate("abcd")]
+    v = demo_seeds.verdict(rows)
+    assert (v["runs"], v["finished"], v["gained_both_25"], v["ended_below_base"]) == (4, 3, 1, 1)
+    table = demo_seeds.table(rows)
+    assert "+60.0" in table and "did not finish" in table and len(table.splitlines()) == 6
