@@ -1,4 +1,5 @@
-"""Generalised Advantage Estimation for VAPO: plain GAE, the length-adaptive lambda, and Decoupled-GAE.
+"""Generalised Advantage Estimation for VAPO: plain GAE, the length-adaptive lambda, and Decoupled-GAE; and the
+critic-free group advantage of GRPO and DAPO, the baselines VAPO is compared with.
 
 VAPO (Yue et al. 2025, arXiv 2504.05118) works on a token-level MDP: the state is prompt + response so far, the
 action is the next token, and the verifier gives one reward at the last response token. gamma = 1.
@@ -130,3 +131,33 @@ def decoupled_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tenso
     advantages, _ = gae(rewards, values, mask, gamma=gamma, lam=lam_policy)
     _, returns = gae(rewards, values, mask, gamma=gamma, lam=lam_critic)
     return advantages, returns
+
+
+def group_advantage(scores: torch.Tensor, mask: torch.Tensor, group_size: int,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's group-relative advantage (Shao et al. 2024, arXiv 2402.03300, section 4.1.2; DAPO Eq. 1), the
+    critic-free baseline that VAPO is compared with:
+
+        A_{i,t} = (R_i - mean(R_1..R_G)) / (std(R_1..R_G) + eps)     for every token t of response i
+
+    over the G = group_size samples of one prompt (rows i*G .. i*G+G-1, as rollout.py lays them out), std being
+    torch's unbiased (G - 1) estimate. Every token of a response gets its response's advantage: no critic, no
+    credit assignment inside the response. A group whose rewards are all equal (all right or all wrong) gives 0
+    for all its tokens: it carries no signal. G = 1 has no group to compare with: 0 everywhere (and no NaN).
+
+    scores: [B] one reward per response; mask: [B, T]. Returns advantages [B, T] float32, 0 under the mask.
+    """
+    B = scores.shape[0]
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"the batch of {B} responses is not a whole number of groups of {group_size}")
+    if mask.dim() != 2 or mask.shape[0] != B:
+        raise ValueError(f"mask must be [B={B}, T]; got {tuple(mask.shape)}")
+    r = scores.detach().to(torch.float32).view(-1, group_size)  # [prompts, G]
+    if group_size == 1:
+        centred = torch.zeros_like(r)
+        std = torch.ones_like(r[:, :1])
+    else:
+        centred = r - r.mean(1, keepdim=True)  # [prompts, G]
+        std = r.std(1, keepdim=True)  # [prompts, 1], unbiased
+    adv = (centred / (std + eps)).view(B)  # [B]; equal rewards: 0 / (0 + eps) = 0
+    return adv[:, None] * mask.to(torch.float32)  # [B, T]

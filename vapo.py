@@ -18,7 +18,10 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
 | 7 | Group-Sampling (3.4)            | `rollout.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
 
 Each technique is one boolean in `Config` (e.g. `--no-clip-higher`) and one `if` where it acts, so the paper's
-ablations run on the same code.
+ablations run on the same code. The paper's baselines are named sets of the same switches (`--algo`,
+ALGORITHMS): `ppo` (one lambda of 0.95, symmetric clip, sample-level loss, no value pretraining), `grpo` (no
+critic: `gae.group_advantage`, the group-normalised reward on every token) and `dapo` (GRPO with clip-higher,
+the token-level loss, dynamic sampling in `collect` and the soft overlong punishment).
 
 Where we differ from the paper, on purpose:
 1. The paper does not state value clipping, advantage whitening, the warmup length or the maximum response
@@ -147,6 +150,20 @@ class Config:
     group_sampling: bool = True
     """7. G samples per prompt (off: prompts_per_step x G different prompts, one sample each, same sample budget)"""
 
+    # --- the baselines' techniques (the paper's comparisons; --algo sets them, see ALGORITHMS) ---
+    algo: str = "vapo"
+    """"vapo", "ppo", "grpo" or "dapo": a named set of the switches of this file (ALGORITHMS, listed in --help), applied under the options you type"""
+    group_advantage: bool = False
+    """GRPO's advantage instead of GAE: (reward - group mean) / (group std + 1e-6), the same for every token; no critic is built, trained, scored or saved"""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose samples all got the same reward and sample more prompts to refill the batch"""
+    dynamic_sampling_rounds: int = 3
+    """extra sampling rounds per step at most with dynamic sampling; then the step trains on the groups it has (logged)"""
+    overlong_shaping: bool = False
+    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache tokens before max_new_tokens, added to the reward"""
+    overlong_cache: int = 4096
+    """tokens before max_new_tokens over which the overlong penalty grows (DAPO: 4096 of 20480)"""
+
     # --- further options (not in the paper) ---
     gamma: float = 1.0
     """discount; 1 in the paper (one reward at the end of the response)"""
@@ -240,6 +257,12 @@ class Config:
             (not self.clip_higher or self.eps_high >= self.eps_low, "eps_high",
              f"must be >= eps_low = {self.eps_low} with clip-higher (it raises the upper bound)"),
             (self.mu >= 0, "mu", "must be >= 0"),
+            (self.algo in ALGORITHMS, "algo", f"must be one of {', '.join(ALGORITHMS)}"),
+            (self.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
+            (not self.group_advantage or self.group_size >= 2, "group_advantage",
+             "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
+            (not self.overlong_shaping or 0 <= self.overlong_cache <= self.max_new_tokens, "overlong_cache",
+             f"must be in [0, max_new_tokens = {self.max_new_tokens}] with overlong shaping"),
             (0 < self.gamma <= 1, "gamma", "must be in (0, 1]"),
             (self.value_clip is None or self.value_clip > 0, "value_clip", "must be > 0 (or none)"),
             (self.eval_every >= 0 and self.save_every >= 0, "eval_every/save_every", "must be >= 0"),
@@ -257,6 +280,23 @@ class Config:
         return self
 
 
+# Algorithms: named sets of the switches above, applied over the preset and under what the user types, so
+# `--algo grpo --clip-higher` is GRPO with clip-higher. PPO, GRPO and DAPO are the paper's baselines (section 4).
+ALGORITHMS: dict[str, dict] = {
+    "vapo": {},
+    # vanilla PPO: a critic without value pretraining, one lambda (0.95) for critic and policy, symmetric clip,
+    # sample-level loss, no positive NLL, one sample per prompt (the same number of samples per step)
+    "ppo": dict(value_pretraining=False, decoupled_gae=False, length_adaptive=False, lam_policy_fixed=0.95,
+                clip_higher=False, token_level_loss=False, positive_nll=False, group_sampling=False),
+    # GRPO: no critic; the group-normalised reward is every token's advantage; symmetric clip; sample-level loss;
+    # no KL term (DAPO and VAPO drop it too)
+    "grpo": dict(group_advantage=True, value_pretraining=False, clip_higher=False, token_level_loss=False,
+                 positive_nll=False, whiten_advantages=False),
+    # DAPO: GRPO with clip-higher, the token-level loss, dynamic sampling and the soft overlong punishment
+    "dapo": dict(group_advantage=True, value_pretraining=False, clip_higher=True, token_level_loss=True,
+                 positive_nll=False, whiten_advantages=False, dynamic_sampling=True, overlong_shaping=True),
+}
+
 # Presets: named sets of overrides. `python vapo.py` with no --model uses "demo"; with --model, "paper".
 PRESETS: dict[str, dict] = {
     "paper": {},
@@ -268,11 +308,12 @@ PRESETS: dict[str, dict] = {
     "demo": dict(model="builtin", dataset="builtin", steps=60, prompts_per_step=16, samples_per_prompt=8,
                  mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
                  warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
-                 whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30),
+                 whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
+                 overlong_cache=16),  # overlong penalty from 112 tokens: ten correct steps take 111
     # One GPU (80 GB class) with a 0.5B model: memory arithmetic in README.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
                      mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
-                     gradient_checkpointing=True, eval_samples=8, eval_every=25),
+                     gradient_checkpointing=True, eval_samples=8, eval_every=25, overlong_cache=512),
 }
 
 
@@ -297,8 +338,11 @@ def _parse_optional(kind):
 def build_parser() -> argparse.ArgumentParser:
     """The command line is the Config: one option per field, its documentation as the help, defaults unset so
     that only what the user typed overrides the preset."""
+    epilog = "what --algo sets (over the preset, under the options you type):\n" + "\n".join(
+        f"  {name}: " + (", ".join(f"{k}={v}" for k, v in switches.items()) or "the defaults above (VAPO)")
+        for name, switches in ALGORITHMS.items())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     argument_default=argparse.SUPPRESS)
+                                     argument_default=argparse.SUPPRESS, epilog=epilog)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="named set of defaults (default: demo without --model, paper with it)")
     parser.add_argument("--resume", metavar="RUN_DIR",
@@ -330,9 +374,14 @@ def config_from_args(argv=None) -> tuple[Config, str | None]:
         with open(saved) as fh:
             base = json.load(fh)
         base["output_dir"] = resume
+        if args.get("algo", base.get("algo", "vapo")) != base.get("algo", "vapo"):
+            raise SystemExit(f"--resume {resume}: the run was {base.get('algo', 'vapo')}; --algo cannot change")
     else:
         preset = preset or ("demo" if args.get("model", "builtin") == "builtin" else "paper")
-        base = dict(PRESETS[preset])
+        algo = args.get("algo", "vapo")
+        if algo not in ALGORITHMS:
+            raise SystemExit(f"vapo: --algo: must be one of {', '.join(ALGORITHMS)}, got {algo!r}")
+        base = {**PRESETS[preset], **ALGORITHMS[algo], "algo": algo}  # the user's options override both
     try:
         return Config(**{**base, **args}).validate(), resume
     except ValueError as err:
@@ -359,7 +408,8 @@ def autocast(cfg: Config, device: torch.device):
 
 def load_models(cfg: Config, device: torch.device):
     """(policy, critic, tokenizer): the policy from --model ("builtin": the shipped base model, task.py),
-    the critic from --value-model or else from the policy's weights with a zero head."""
+    the critic from --value-model or else from the policy's weights with a zero head; critic None with
+    --group-advantage (GRPO and DAPO have none: nothing is built)."""
     from models import load_policy, load_value_model, value_model_from_policy
     name = cfg.model
     if name == "builtin":
@@ -367,7 +417,9 @@ def load_models(cfg: Config, device: torch.device):
         name = ensure_base_model(log=log.info)
     policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
                                     gradient_checkpointing=cfg.gradient_checkpointing)
-    if cfg.value_model:
+    if cfg.group_advantage:
+        critic = None
+    elif cfg.value_model:
         critic = load_value_model(cfg.value_model, dtype=torch.float32, device=device,
                                   gradient_checkpointing=cfg.gradient_checkpointing)
     else:
@@ -438,8 +490,9 @@ def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return rewards
 
 
-def collect(engine, rows: list[dict], cfg: Config, verifier, workers) -> tuple:
-    """Phases 1-2: rollout (G samples per prompt) and reward. Returns (rollout, scores [B], timings)."""
+def sample_and_score(engine, rows: list[dict], cfg: Config, verifier, workers) -> tuple:
+    """Phases 1-2 for one list of prompts: rollout (G samples per prompt) and the verifier's reward.
+    Returns (rollout, scores [B], timings)."""
     from reward import score_batch
     t0 = time.perf_counter()
     with autocast(cfg, next(engine.model.parameters()).device):
@@ -451,19 +504,72 @@ def collect(engine, rows: list[dict], cfg: Config, verifier, workers) -> tuple:
                                                                "time/reward": time.perf_counter() - t1}
 
 
-def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor, cfg: Config):
-    """Phase 4: Decoupled (technique 2), length-adaptive (technique 3) GAE.
-    Returns (advantages [B, T], returns [B, T], lam_policy [B])."""
-    from gae import decoupled_gae, length_adaptive_lambda
+def collect(engine, rows: list[dict], cfg: Config, verifier, workers, refill=None) -> tuple:
+    """Phases 1-2 of an RL step, with DAPO's dynamic sampling (section 3.2) when cfg.dynamic_sampling:
+
+        keep the groups whose G rewards are not all equal (0 < accuracy < 1: the others have zero advantage
+        under a group baseline, so they only shrink the batch's signal), and sample refill(r) prompts in extra
+        rounds r = 1, 2, ... until the batch is full again or cfg.dynamic_sampling_rounds rounds have run;
+        then train on the groups there are (possibly fewer, possibly none: logged).
+
+    Returns (rollout, scores [B], stats): stats has the timings, "samples_generated" (what the step cost, the
+    unit budgets are counted in) and, with dynamic sampling, "dynamic/groups_dropped" and "dynamic/rounds"."""
+    from rollout import Rollout
+    rollout, scores, stats = sample_and_score(engine, rows, cfg, verifier, workers)
+    stats["samples_generated"] = rollout.B
+    if not cfg.dynamic_sampling:
+        return rollout, scores, stats
+    G, want = cfg.group_size, rollout.B
+    parts, dropped, rounds, offset = [], 0, 0, 0
+    while True:
+        varied = ~(scores.view(-1, G) == scores.view(-1, G)[:, :1]).all(1)  # [prompts]
+        dropped += int((~varied).sum())
+        keep = varied.repeat_interleave(G)  # [B], whole groups
+        kept = rollout.select(keep)
+        kept.prompt_index = kept.prompt_index + offset  # prompts of later rounds come after earlier ones
+        parts.append((kept, scores[keep]))
+        offset += len(varied)
+        if sum(p.B for p, _ in parts) >= want or rounds >= cfg.dynamic_sampling_rounds or refill is None:
+            break
+        rounds += 1
+        rollout, scores, times = sample_and_score(engine, refill(rounds), cfg, verifier, workers)
+        for k, v in times.items():
+            stats[k] += v
+        stats["samples_generated"] += rollout.B
+    rollout = Rollout.cat([p for p, _ in parts])
+    scores = torch.cat([sc for _, sc in parts])
+    if rollout.B > want:  # the last round over-filled: keep the first groups, a full batch
+        rollout, scores = rollout.select(slice(0, want)), scores[:want]
+    if rollout.B < want:
+        log.info("dynamic sampling: %d of %d groups have varied rewards after %d extra rounds", rollout.B // G,
+                 want // G, rounds)
+    return rollout, scores, stats | {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds}
+
+
+def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """DAPO's soft overlong punishment (reward.overlong_penalty) of each response, [B] -> [B] float32."""
+    from reward import overlong_penalty
+    return torch.tensor([overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_cache) for n in lengths],
+                        dtype=torch.float32, device=lengths.device)
+
+
+def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor | None, cfg: Config):
+    """Phase 4: Decoupled (technique 2), length-adaptive (technique 3) GAE; or, with cfg.group_advantage,
+    GRPO's group advantage (no critic, no returns). rewards: [B], one per response, placed on its last token.
+    Returns (advantages [B, T], returns [B, T] or None, lam_policy [B] or None)."""
+    from gae import decoupled_gae, group_advantage, length_adaptive_lambda
     from losses import masked_whiten
     mask = rollout.response_mask
-    if cfg.length_adaptive:
-        lam_policy = length_adaptive_lambda(rollout.lengths, cfg.alpha)  # [B]
+    if cfg.group_advantage:
+        advantages, returns, lam_policy = group_advantage(rewards, mask, cfg.group_size), None, None
     else:
-        lam_policy = torch.full((rollout.B,), cfg.lam_policy_fixed, device=mask.device)  # [B]
-    lam_critic = cfg.lam_critic if cfg.decoupled_gae else lam_policy
-    advantages, returns = decoupled_gae(rewards, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
-                                        lam_critic=lam_critic)
+        if cfg.length_adaptive:
+            lam_policy = length_adaptive_lambda(rollout.lengths, cfg.alpha)  # [B]
+        else:
+            lam_policy = torch.full((rollout.B,), cfg.lam_policy_fixed, device=mask.device)  # [B]
+        lam_critic = cfg.lam_critic if cfg.decoupled_gae else lam_policy
+        advantages, returns = decoupled_gae(terminal_rewards(rewards, mask), values, mask, gamma=cfg.gamma,
+                                            lam_policy=lam_policy, lam_critic=lam_critic)
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
     return advantages, returns, lam_policy
@@ -497,12 +603,13 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     skipped (no optimizer step) and counted in `skipped_nonfinite`.
 
     batch: "values", "returns" [B, T]; for the policy also "old_logprobs", "advantages" [B, T] and
-    "positive" [B] bool. train_policy False: critic only (value pretraining).
+    "positive" [B] bool. train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the
+    policy only, and batch needs no "values" or "returns".
     """
     from losses import policy_loss, positive_nll_loss, value_loss
     from rollout import by_length, response_logprobs, response_values
     amp = autocast(cfg, rollout.response_ids.device)
-    models = {"critic": critic} | ({"policy": policy} if train_policy else {})
+    models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
     for m in models.values():
         m.train()
     stats, skipped = Mean(), 0
@@ -532,13 +639,14 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                     finite &= bool(torch.isfinite(loss))
                     loss.backward()
                     stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
-                with amp:
-                    values = response_values(critic, sub)  # [b, T]
-                v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, "token-mean",
-                                             n_tokens)
-                finite &= bool(torch.isfinite(v_loss))
-                v_loss.backward()
-                stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
+                if critic is not None:
+                    with amp:
+                        values = response_values(critic, sub)  # [b, T]
+                    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip,
+                                                 "token-mean", n_tokens)
+                    finite &= bool(torch.isfinite(v_loss))
+                    v_loss.backward()
+                    stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
             for name, model in models.items():
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 finite &= bool(torch.isfinite(norm))
@@ -558,47 +666,59 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
 
 
 def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier, workers) -> dict:
-    """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict."""
+    """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
+    critic None (GRPO, DAPO): nothing is scored or trained for it. A step left without samples (dynamic sampling
+    found no group with varied rewards) skips phases 3-5 and says so in its record."""
     from losses import explained_variance, masked_mean
     from rollout import score_rollout
     t_start = time.perf_counter()
     prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed)
-    rollout, scores, times = collect(engine, prompts, cfg, verifier, workers)  # 1, 2
+    refill = lambda r: prompt_batch(rows, step * cfg.dynamic_sampling_rounds + r - 1,  # noqa: E731
+                                    cfg.prompts_per_rollout, cfg.seed + 2)  # its own stream, a function of step
+    rollout, scores, stats = collect(engine, prompts, cfg, verifier, workers, refill)  # 1, 2
+    if rollout.B == 0:
+        log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
+        return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
     mask = rollout.response_mask
-    rewards = terminal_rewards(scores, mask)  # [B, T]
+    rewards = scores.float()  # [B], the verifier's
+    if cfg.overlong_shaping:
+        rewards = rewards + overlong_penalties(rollout.lengths, cfg)
 
     t = time.perf_counter()
     with autocast(cfg, mask.device):
         scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)  # 3. score, no grad
-    times["time/score"] = time.perf_counter() - t
+    stats["time/score"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, scored["values"], cfg)  # 4
-    times["time/advantages"] = time.perf_counter() - t
+    values = scored.get("values")  # [B, T], or None without a critic
+    advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg)  # 4
+    stats["time/advantages"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    batch = {"old_logprobs": scored["old_logprobs"], "values": scored["values"], "advantages": advantages,
-             "returns": returns, "positive": scores > 0}
+    batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0}
+    if critic is not None:
+        batch |= {"values": values, "returns": returns}
     train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5. update
-    times["time/update"] = time.perf_counter() - t
-    times["time/step"] = time.perf_counter() - t_start
+    stats["time/update"] = time.perf_counter() - t
+    stats["time/step"] = time.perf_counter() - t_start
 
-    return {  # 6. log
+    record = {  # 6. log
         "step": step + 1,
-        "reward_mean": scores.float().mean().item(),
+        "reward_mean": rewards.mean().item(),
         "train_acc": (scores > 0).float().mean().item(),
         "response_len": rollout.lengths.float().mean().item(),
         "truncated_frac": rollout.truncated.float().mean().item(),
         "empty_responses": int((rollout.lengths == 0).sum()),
         "groups_all_same": group_all_same(scores, cfg.group_size),
-        "explained_variance": explained_variance(scored["values"], returns, mask),
-        "value_mean": masked_mean(scored["values"], mask).item(),
         "advantage_mean": masked_mean(advantages, mask).item(),
-        "lam_policy": lam_policy.float().mean().item(),
         "entropy": masked_mean(scored["entropy"], mask).item(),
         "lr/actor": optimizers["policy"][1].get_last_lr()[0],
-        **train_stats, **times,
+        **train_stats, **stats,
     }
+    if critic is not None:
+        record |= {"explained_variance": explained_variance(values, returns, mask),
+                   "value_mean": masked_mean(values, mask).item(), "lam_policy": lam_policy.float().mean().item()}
+    return record
 
 
 def group_all_same(scores: torch.Tensor, G: int) -> float:
@@ -627,7 +747,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     for step in range(cfg.value_pretrain_steps):
         t0 = time.perf_counter()
         prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1)  # its own stream of prompts
-        rollout, scores, _ = collect(engine, prompts, cfg, verifier, workers)
+        rollout, scores, _ = sample_and_score(engine, prompts, cfg, verifier, workers)
         mask = rollout.response_mask
         with autocast(cfg, mask.device):
             values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
@@ -714,7 +834,8 @@ def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, 
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(os.path.join(tmp, "policy"))
     tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-    critic.save_pretrained(os.path.join(tmp, "critic"))
+    if critic is not None:  # GRPO and DAPO have none
+        critic.save_pretrained(os.path.join(tmp, "critic"))
     torch.save({"step": step, "value_pretrained": value_pretrained,
                 "optimizers": {k: (o.state_dict(), s.state_dict()) for k, (o, s) in optimizers.items()},
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -736,6 +857,8 @@ def load_checkpoint(run: Run, policy, critic, optimizers) -> tuple[int, bool]:
     if not os.path.exists(os.path.join(path, "state.pt")):
         raise SystemExit(f"--resume {run.dir}: no checkpoint there to resume from")
     for name, model in (("policy", policy), ("critic", critic)):
+        if model is None:
+            continue
         files = [f for f in os.listdir(os.path.join(path, name)) if f.endswith(".safetensors")]
         state = {}
         for f in files:
@@ -776,8 +899,9 @@ def train(cfg: Config, resume: bool = False) -> str:
     verifier, workers = verifier_for(cfg)
     engine = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       top_p=cfg.top_p)
-    optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg),
-                  "critic": make_optimizer(critic, cfg.critic_lr, cfg)}
+    optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
+    if critic is not None:
+        optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
 
     start, value_done = 0, False
     if resume:
@@ -793,19 +917,20 @@ def train(cfg: Config, resume: bool = False) -> str:
 
     if start == 0 and not value_done:
         run_eval(0)  # the base model's accuracy
-        if cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
+        if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
             pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, workers, run.emit)
             critic.save_pretrained(os.path.join(run.dir, "critic_pretrained"))
             optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)  # fresh warmup for the RL phase
         value_done = True
         save_checkpoint(run, 0, policy, critic, tokenizer, optimizers, value_done)
 
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="VAPO", dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=cfg.algo.upper(), dynamic_ncols=True)
     for step in bar:
         record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, workers)
         run.emit(record)
-        bar.set_postfix(acc=f"{record['train_acc']:.2f}", len=f"{record['response_len']:.0f}",
-                        ev=f"{record['explained_variance']:.2f}", s=f"{record['time/step']:.1f}")
+        bar.set_postfix({k: f"{record[key]:{fmt}}" for k, key, fmt in (
+            ("acc", "train_acc", ".2f"), ("len", "response_len", ".0f"), ("ev", "explained_variance", ".2f"),
+            ("s", "time/step", ".1f")) if key in record}, refresh=False)
         done = step + 1
         if done == cfg.steps or (cfg.eval_every and done % cfg.eval_every == 0):
             run_eval(done)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from gae import SCAN_BLOCK, decoupled_gae, gae, length_adaptive_lambda
+from gae import SCAN_BLOCK, decoupled_gae, gae, group_advantage, length_adaptive_lambda
 
 
 def loop_gae(rewards, values, mask, gamma, lam):
@@ -208,3 +208,48 @@ def test_decoupled_with_equal_lambdas_is_plain_gae():
     torch.testing.assert_close(a1, a2)
     torch.testing.assert_close(r1, r2)
     assert math.isfinite(a1.sum().item())
+
+
+# ---- GRPO's group advantage -------------------------------------------------------------------------------
+
+def loop_group_advantage(scores, lengths, G, T, eps=1e-6):
+    """The definition, one group and one sample at a time, in float64: (R - mean) / (unbiased std + eps)."""
+    adv = torch.zeros(len(scores), T, dtype=torch.float64)
+    for start in range(0, len(scores), G):
+        group = [float(x) for x in scores[start:start + G]]
+        mean = sum(group) / G
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / (G - 1)) if G > 1 else 0.0
+        for i, x in enumerate(group):
+            value = 0.0 if G == 1 else (x - mean) / (std + eps)
+            adv[start + i, :lengths[start + i]] = value
+    return adv
+
+
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+def test_group_advantage_equals_plain_loop(G):
+    g = torch.Generator().manual_seed(G)
+    B, T = 4 * G, 9
+    scores = torch.randint(0, 2, (B,), generator=g).double() * 2 - 1 + 0.1 * torch.randn(B, generator=g).double()
+    lengths = torch.randint(0, T + 1, (B,), generator=g).tolist()
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    got = group_advantage(scores, mask, G)
+    assert got.dtype == torch.float32 and got.shape == (B, T)
+    torch.testing.assert_close(got.double(), loop_group_advantage(scores, lengths, G, T), atol=1e-5, rtol=1e-5)
+
+
+def test_group_advantage_hand_worked_and_edge_cases():
+    mask = torch.ones(8, 3)
+    scores = torch.tensor([1.0, -1.0, -1.0, -1.0,  1.0, 1.0, 1.0, 1.0])  # one right in four; all right
+    adv = group_advantage(scores, mask, 4)
+    std = math.sqrt(4 * 0.75 / 3)  # rewards 1,-1,-1,-1: mean -0.5, unbiased variance 1
+    torch.testing.assert_close(adv[0], torch.full((3,), 1.5 / (std + 1e-6)))
+    torch.testing.assert_close(adv[1], torch.full((3,), -0.5 / (std + 1e-6)))
+    assert torch.equal(adv[4:], torch.zeros(4, 3))  # identical rewards: no signal, and no NaN
+    assert torch.equal(group_advantage(scores, mask, 1), torch.zeros(8, 3))  # G = 1: nothing to compare with
+    masked = group_advantage(scores, torch.tensor([[1, 1, 0]] * 8), 4)
+    assert torch.equal(masked[:, 2], torch.zeros(8)) and torch.equal(masked[:, :2], adv[:, :2])
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantage(scores, mask, 3)
+    with pytest.raises(ValueError, match="mask"):
+        group_advantage(scores, torch.ones(7, 3), 4)
+

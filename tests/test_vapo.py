@@ -90,6 +90,28 @@ def test_cli_overrides_preset_and_rejects_bad_values():
         vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
 
 
+def test_algo_is_a_named_set_of_switches_under_the_users_options():
+    grpo, _ = vapo.config_from_args(["--algo", "grpo"])
+    assert grpo.algo == "grpo" and grpo.group_advantage and not grpo.value_pretraining
+    assert not grpo.clip_higher and grpo.loss_agg == "seq-mean-token-mean" and not grpo.positive_nll
+    assert grpo.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # still the demo's budget
+    ablated, _ = vapo.config_from_args(["--algo", "grpo", "--clip-higher"])  # what the user types wins
+    assert ablated.clip_higher and ablated.group_advantage
+    dapo, _ = vapo.config_from_args(["--algo", "dapo"])
+    assert dapo.dynamic_sampling and dapo.overlong_shaping and dapo.clip_higher and dapo.loss_agg == "token-mean"
+    ppo, _ = vapo.config_from_args(["--algo", "ppo"])
+    assert ppo.group_size == 1 and ppo.batch_size == vapo.config_from_args([])[0].batch_size  # same budget
+    assert not (ppo.value_pretraining or ppo.decoupled_gae or ppo.length_adaptive or ppo.clip_higher)
+    assert vapo.config_from_args(["--algo", "vapo"])[0] == dataclasses.replace(vapo.config_from_args([])[0],
+                                                                                algo="vapo")
+    with pytest.raises(SystemExit, match="--algo"):
+        vapo.config_from_args(["--algo", "reinforce"])
+    with pytest.raises(SystemExit, match="group"):
+        vapo.config_from_args(["--algo", "grpo", "--no-group-sampling"])
+    text = vapo.build_parser().format_help()
+    assert "ppo: value_pretraining=False" in text and "dapo: group_advantage=True" in text
+
+
 def test_switches_change_derived_values():
     c = Config(clip_higher=False, token_level_loss=False, group_sampling=False)
     assert c.eps_high_used == c.eps_low
@@ -114,18 +136,74 @@ def test_terminal_rewards_sit_on_the_last_token():
 
 def test_length_adaptive_and_decoupled_switches():
     ro = FakeRollout([10, 40], T=40)
-    rewards = vapo.terminal_rewards(torch.tensor([1.0, -1.0]), ro.response_mask)
+    scores = torch.tensor([1.0, -1.0])  # one reward per response
+    rewards = vapo.terminal_rewards(scores, ro.response_mask)  # [B, T]
     values = torch.rand(2, 40) * ro.response_mask
-    _, ret, lam = vapo.advantages_and_returns(ro, rewards, values, Config(alpha=0.5))
+    _, ret, lam = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5))
     assert lam.tolist() == pytest.approx([0.8, 0.95])
     torch.testing.assert_close(ret, rewards.sum(-1, keepdim=True) * ro.response_mask)  # lam_critic = 1: MC
-    _, _, lam = vapo.advantages_and_returns(ro, rewards, values, Config(length_adaptive=False,
-                                                                          lam_policy_fixed=0.9))
+    _, _, lam = vapo.advantages_and_returns(ro, scores, values, Config(length_adaptive=False,
+                                                                         lam_policy_fixed=0.9))
     assert lam.tolist() == pytest.approx([0.9, 0.9])
-    adv, ret, lam = vapo.advantages_and_returns(ro, rewards, values, Config(alpha=0.5, decoupled_gae=False))
+    adv, ret, lam = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, decoupled_gae=False))
     from gae import gae
     torch.testing.assert_close(ret, gae(rewards, values, ro.response_mask, lam=lam)[1])  # critic uses lam_policy
     assert not torch.allclose(ret, rewards.sum(-1, keepdim=True) * ro.response_mask)
+
+
+class FakeEngine:
+    """Returns, for each prompt, G responses of the given scripted answers ("1" right, anything else wrong)."""
+
+    def __init__(self, answers):
+        self.answers = answers  # prompt -> list of G answers
+        self.model = torch.nn.Linear(1, 1)
+        self.calls = 0
+
+    def generate(self, prompts, n=1):
+        from rollout import Rollout
+        self.calls += 1
+        texts = [f"Answer: {a}" for p in prompts for a in self.answers[p][:n]]
+        B = len(texts)
+        return Rollout(prompt_ids=torch.ones(B, 2, dtype=torch.long), prompt_mask=torch.ones(B, 2, dtype=torch.long),
+                       response_ids=torch.ones(B, 3, dtype=torch.long),
+                       response_mask=torch.ones(B, 3, dtype=torch.long), lengths=torch.full((B,), 3),
+                       truncated=torch.zeros(B, dtype=torch.bool), sampler_logprobs=torch.zeros(B, 3),
+                       prompt_index=torch.arange(len(prompts)).repeat_interleave(n), texts=texts)
+
+
+def test_dynamic_sampling_keeps_varied_groups_and_refills():
+    from reward import arith_reward
+    answers = {"mixed": ["1", "0"], "right": ["1", "1"], "wrong": ["0", "0"], "mixed2": ["0", "1"]}
+    rows = {k: {"prompt": k, "answer": "1"} for k in answers}
+    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, dynamic_sampling=True,
+                 dynamic_sampling_rounds=2)
+    rounds = [[rows["wrong"], rows["right"]], [rows["mixed2"], rows["right"]]]
+    engine = FakeEngine(answers)
+    rollout, scores, stats = vapo.collect(engine, [rows["mixed"], rows["wrong"]], cfg, arith_reward, 0,
+                                          refill=lambda r: rounds[r - 1])
+    assert rollout.texts == ["Answer: 1", "Answer: 0", "Answer: 0", "Answer: 1"]  # mixed, then mixed2
+    assert scores.tolist() == [1.0, -1.0, -1.0, 1.0]
+    assert (stats["samples_generated"], stats["dynamic/groups_dropped"], stats["dynamic/rounds"]) == (12, 4, 2)
+    assert rollout.prompt_index.tolist() == [0, 0, 4, 4]  # groups of later rounds are numbered after earlier ones
+    # nothing varied, no refill budget left: an empty batch, which the step reports instead of training on
+    cfg0 = dataclasses.replace(cfg, dynamic_sampling_rounds=0)
+    rollout, scores, stats = vapo.collect(FakeEngine(answers), [rows["right"], rows["wrong"]], cfg0, arith_reward, 0,
+                                          refill=lambda r: pytest.fail("no extra round allowed"))
+    assert rollout.B == 0 and stats["dynamic/groups_dropped"] == 2 and stats["samples_generated"] == 4
+    # off: everything is kept, whatever the rewards
+    off = dataclasses.replace(cfg, dynamic_sampling=False)
+    rollout, _, stats = vapo.collect(FakeEngine(answers), [rows["right"], rows["wrong"]], off, arith_reward, 0)
+    assert rollout.B == 4 and stats["samples_generated"] == 4 and "dynamic/rounds" not in stats
+
+
+def test_overlong_penalties_and_group_advantages_in_the_step_phases():
+    cfg = Config(max_new_tokens=128, overlong_cache=16, prompts_per_step=1, samples_per_prompt=4,
+                 mini_batch_size=4, group_advantage=True)
+    assert vapo.overlong_penalties(torch.tensor([20, 112, 120, 128]), cfg).tolist() == [0.0, 0.0, -0.5, -1.0]
+    ro = FakeRollout([3, 5, 2, 4], T=5)
+    adv, returns, lam = vapo.advantages_and_returns(ro, torch.tensor([1.0, -1.0, -1.0, -1.0]), None, cfg)
+    assert returns is None and lam is None
+    assert adv[0, 0] > 0 and (adv[1:, 0] < 0).all() and torch.equal(adv[0, 3:], torch.zeros(2))
 
 
 def test_group_sampling_off_uses_distinct_prompts():
@@ -159,6 +237,31 @@ def test_a_few_steps_change_both_models_and_log_everything(tiny_model_dir, tmp_p
     assert [r["step"] for r in evals] == [0, 2]
     assert os.path.exists(os.path.join(run_dir, "curves.png"))
     assert os.path.exists(os.path.join(run_dir, "critic_pretrained", "config.json"))
+
+
+def odd_length_verifier(response: str, gold: str) -> float:
+    """Right when the response has an odd number of characters: varied rewards from a random model, so that
+    group advantages are not all zero (a random model never solves the task)."""
+    return 1.0 if len(response) % 2 else -1.0
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo"])
+def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, monkeypatch):
+    monkeypatch.setattr(vapo, "verifier_for", lambda cfg: (odd_length_verifier, 0))
+    cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache=8)
+    run_dir = vapo.train(cfg)
+    policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
+    start = weights(tiny_model_dir)
+    assert any(not torch.equal(policy[k], start[k]) for k in start)
+    steps = [r for r in read_metrics(run_dir) if "samples_generated" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["samples_generated"] >= 8 for r in steps)
+    critic_saved = os.path.exists(os.path.join(run_dir, "checkpoint", "critic"))
+    if algo == "ppo":
+        assert critic_saved and "explained_variance" in steps[0]
+    else:  # no critic: nothing built, trained, scored or saved
+        assert not critic_saved and not any("value" in k or "explained" in k for r in steps for k in r)
+    state = torch.load(os.path.join(run_dir, "checkpoint", "state.pt"), weights_only=False)
+    assert set(state["optimizers"]) == ({"policy", "critic"} if algo == "ppo" else {"policy"})
 
 
 def test_positive_nll_switch(tiny_model_dir, tmp_path):
