@@ -431,7 +431,7 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     before the term (digit accuracy after 300 steps of an arithmetic drill: 78% against 51%) and drawing long
     problems more often (greedy accuracy after 700 steps: 20% against 8%) sped up the arithmetic. 700 steps
     (arith-base-v3) were not enough: that model still got 11% of ordinary steps wrong under greedy decoding
-    (20% sampled) and misread 6% of the terms, so RL had to teach it arithmetic, not only fix the habit, and
+    (20-23% sampled) and misread 6% of the terms, so RL had to teach it arithmetic, not only fix the habit, and
     the demo learned on one machine's build and not on another's. With 2,000 steps, two warm-start seeds each
     gave 0.0% and 0.4% wrong ordinary steps under greedy decoding, the habit on 98% of greedy and 55-66% of
     sampled borrow steps (HABIT_PROB 0.65), and the RL demo gained 42-74 points from both (README.md).

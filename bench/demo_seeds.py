@@ -95,32 +95,44 @@ def one_thread_env() -> dict:
 
 
 def finished(run_dir: str) -> bool:
-    """A run is finished when its metrics hold an evaluation at its last step (vapo.py writes it at the end)."""
+    """A run is finished when its metrics hold the evaluation vapo.py makes at the end: at --steps, or at the
+    step where --max-samples was reached."""
     try:
         with open(os.path.join(run_dir, "config.json")) as fh:
-            steps = json.load(fh)["steps"]
+            cfg = json.load(fh)
         with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            return any(r.get("step") == steps and "eval/acc_greedy" in r for r in map(json.loads, fh))
-    except (OSError, KeyError, ValueError):
+            records = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
         return False
+    if any(r.get("step") == cfg.get("steps") and "eval/acc_greedy" in r for r in records):
+        return True
+    budget, generated = cfg.get("max_samples"), sum(r.get("samples_generated", 0) for r in records)
+    return budget is not None and generated >= budget and bool(records) and "eval/acc_greedy" in records[-1]
 
 
 def run_one(job: tuple[str, str, int, str, list[str]]) -> float | None:
     """Run one demo (unless already finished); returns its wall time in seconds, None if it was read back."""
     base_name, base_path, seed, run_dir, extra = job
+    cmd = ["--preset", "demo", "--model", base_path, "--seed", str(seed), "--output-dir", run_dir, *extra]
+    return run_vapo(f"{base_name} seed {seed}", cmd, run_dir)
+
+
+def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
+    """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
+    holds a finished run (then None); an interrupted run (a checkpoint there) is resumed instead. Returns the
+    wall time in seconds, also written to run_dir/wall_seconds."""
     if finished(run_dir):
         return None
-    cmd = [sys.executable, "vapo.py", "--preset", "demo", "--model", base_path, "--seed", str(seed),
-           "--output-dir", run_dir, *extra]
+    cmd = [sys.executable, "vapo.py", *args]
     if os.path.exists(os.path.join(run_dir, "checkpoint", "state.pt")):
-        cmd = [sys.executable, "vapo.py", "--resume", run_dir, *extra]  # an interrupted run continues
+        cmd = [sys.executable, "vapo.py", "--resume", run_dir]  # an interrupted run continues
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "stdout.log"), "a") as log:
         proc = subprocess.run(cmd, cwd=ROOT, env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {run_dir}/stdout.log)"
-    print(f"  {base_name} seed {seed}: {status} in {wall:.0f} s", flush=True)
+    print(f"  {label}: {status} in {wall:.0f} s", flush=True)
     with open(os.path.join(run_dir, "wall_seconds"), "w") as fh:
         fh.write(f"{wall:.1f}\n")
     return wall

@@ -33,6 +33,16 @@ def test_runs_are_summarised_and_counted(tmp_path):
     fake_run(tmp_path / "c", 4, (0.30, 0.20), (0.70, 0.10))  # greedy ends below its base
     fake_run(tmp_path / "d", 4, (0.30, 0.20), None, finished=False)  # killed before its last evaluation
     assert [demo_seeds.finished(str(tmp_path / n)) for n in "abcd"] == [True, True, True, False]
+    fake_run(tmp_path / "e", 4, (0.3, 0.2), (0.5, 0.5), finished=False)  # stopped by --max-samples at step 4
+    with open(tmp_path / "e" / "config.json", "w") as fh:
+        json.dump({"steps": 10, "max_samples": 4}, fh)
+    with open(tmp_path / "e" / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 4, "eval/acc_greedy": 0.5, "samples_generated": 0}) + "\n")
+    assert not demo_seeds.finished(str(tmp_path / "e"))  # no samples counted: the budget is not reached
+    with open(tmp_path / "e" / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 4, "samples_generated": 4}) + "\n")
+        fh.write(json.dumps({"step": 4, "eval/acc_greedy": 0.5}) + "\n")
+    assert demo_seeds.finished(str(tmp_path / "e"))
     a = demo_seeds.summarise_run(str(tmp_path / "a"))
     assert abs(a["avg_gain"] - 0.60) < 1e-9 and abs(a["greedy_gain"] - 0.75) < 1e-9 and a["k"] == "avg@4"
     assert abs(a["len_ratio"] - 60.4 / 60.0) < 1e-9 and a["ev"] == 0.2 and a["run_seconds"] == 40.0

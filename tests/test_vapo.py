@@ -264,6 +264,15 @@ def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, 
     assert set(state["optimizers"]) == ({"policy", "critic"} if algo == "ppo" else {"policy"})
 
 
+def test_max_samples_stops_at_an_equal_budget_of_samples(tiny_model_dir, tmp_path):
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=5, max_samples=10,
+                                     value_pretraining=False))  # 8 samples per step: 2 steps reach 10
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "samples_generated" in r] == [1, 2]
+    assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 2]  # the last evaluation at the stop
+    assert torch.load(os.path.join(run_dir, "checkpoint", "state.pt"), weights_only=False)["step"] == 2
+
+
 def test_positive_nll_switch(tiny_model_dir, tmp_path):
     """Off: no NLL term at all. On, with every sample marked correct: the NLL is logged and positive."""
     from models import load_policy, value_model_from_policy

@@ -1,0 +1,205 @@
+"""Benchmark: the paper's ablation table (VAPO, arXiv 2504.05118, section 4) re-run in miniature on the demo task.
+
+    python bench/ablation.py                        # 11 rows x 3 seeds (a long sweep: see below)
+    python bench/ablation.py --quick                # every row for 2 steps, 1 seed: proves each row still runs
+    python bench/ablation.py --rows VAPO GRPO --seeds 0 1 2
+
+Rows: the paper's baselines (`--algo ppo|grpo|dapo`), VAPO, and VAPO without each of its seven techniques (one
+switch each). Every run is `python vapo.py --preset demo --seed S <the row's options> --steps STEPS
+--max-samples STEPS x 128 ...` in its own process with one torch thread, --jobs at a time, so that every row has
+the same budget of generated samples (DAPO's dynamic sampling generates more per step, so it takes fewer steps).
+The rows that pretrain the critic share one pretrained critic per seed: VAPO's run pretrains it and the others
+start from its critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts
+from a critic that knows nothing.
+
+Writes ablation.md, ablation.json and ablation.png (held-out accuracy against generated samples, mean and
+range over seeds per row) into --out. A finished run is read back, not run again, so an interrupted sweep
+resumes. The sweep's length is about rows x seeds x (STEPS x 5.5 s) / jobs on a 2-core machine; it has not
+been run in full yet.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import demo_seeds  # noqa: E402  (same folder: runs, reads and summarises vapo.py runs)
+
+# (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
+ROWS = [
+    ("PPO", 5, ["--algo", "ppo"]),
+    ("GRPO", 47, ["--algo", "grpo"]),
+    ("DAPO", 50, ["--algo", "dapo"]),
+    ("VAPO", 60.4, []),
+    ("w/o Value-Pretraining", 11, ["--no-value-pretraining"]),
+    ("w/o Decoupled-GAE", 33, ["--no-decoupled-gae"]),
+    ("w/o Length-adaptive GAE", 45, ["--no-length-adaptive"]),
+    ("w/o Clip-Higher", 46, ["--no-clip-higher"]),
+    ("w/o Token-level Loss", 53, ["--no-token-level-loss"]),
+    ("w/o Positive Example LM Loss", 54, ["--no-positive-nll"]),
+    ("w/o Group-Sampling", 55, ["--no-group-sampling"]),
+]
+SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Higher", "w/o Token-level Loss",
+                 "w/o Positive Example LM Loss", "w/o Group-Sampling"}
+SAMPLES_PER_STEP = 16 * 8  # the demo preset's prompts x G
+COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
+
+
+def slug(row: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in row.lower()).strip("-")
+
+
+def row_args(row: str, options: list[str], seed: int, out: str, common: list[str]) -> list[str]:
+    args = ["--preset", "demo", "--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"),
+            *common, *options]
+    if row in SHARES_CRITIC:
+        args += ["--value-model", os.path.join(out, f"vapo-s{seed}", "critic_pretrained"), "--no-value-pretraining"]
+    return args
+
+
+def run_row(job) -> None:
+    row, options, seed, out, common = job
+    args = row_args(row, options, seed, out, common)
+    run_dir = args[args.index("--output-dir") + 1]
+    if row in SHARES_CRITIC:  # wait for VAPO's run of this seed to have pretrained the critic (or to have ended)
+        vapo_dir = os.path.join(out, f"vapo-s{seed}")
+        while not (os.path.exists(os.path.join(vapo_dir, "critic_pretrained", "config.json"))
+                   or os.path.exists(os.path.join(vapo_dir, "wall_seconds"))):
+            time.sleep(5)
+    demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
+
+
+def curve(run_dir: str) -> list[tuple[int, float, float]]:
+    """(generated samples, held-out avg@k, held-out greedy) at each evaluation of a run."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    points, generated = [], 0
+    for r in records:
+        generated += r.get("samples_generated", 0)
+        if "eval/acc_greedy" in r:
+            k = next(key for key in r if key.startswith("eval/acc_avg@"))
+            points.append((generated, r[k], r["eval/acc_greedy"]))
+    return points
+
+
+def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
+    runs = [(d, demo_seeds.summarise_run(d)) for d in run_dirs]
+    done = [(d, s) for d, s in runs if s is not None]
+    out = {"row": row, "paper_aime24": paper, "seeds": len(done)}
+    if not done:
+        return out
+
+    def spread(key):
+        vals = [s[key] for _, s in done]
+        return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+    def auc(d):  # mean greedy accuracy over the sample budget (trapezoids), 0..1
+        pts = curve(d)
+        area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, _, y0), (x1, _, y1) in zip(pts, pts[1:]))
+        return area / max(pts[-1][0] - pts[0][0], 1)
+
+    out.update({"avg_final": spread("avg_final"), "greedy_final": spread("greedy_final"),
+                "greedy_gain": spread("greedy_gain"), "len_ratio": spread("len_ratio"),
+                "greedy_auc": statistics.mean(auc(d) for d, _ in done),
+                "samples": statistics.mean(curve(d)[-1][0] for d, _ in done),
+                "collapsed": sum(s["len_ratio"] < COLLAPSE_LENGTH or s["avg_gain"] < 0 or s["greedy_gain"] < 0
+                                 for _, s in done)})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| row | paper (AIME24 avg@32) | held-out avg@k, final | greedy, final | greedy, mean over the budget | "
+             "length / base | samples | collapsed |", "|---|---|---|---|---|---|---|---|"]
+    pm = lambda m: f"{100 * m[0]:.1f} +- {100 * m[1]:.1f}"  # noqa: E731
+    for r in rows:
+        if "avg_final" not in r:
+            lines.append(f"| {r['row']} | {r['paper_aime24']} | not run | | | | | |")
+            continue
+        lines.append(f"| {r['row']} | {r['paper_aime24']} | {pm(r['avg_final'])} | {pm(r['greedy_final'])} | "
+                     f"{100 * r['greedy_auc']:.1f} | {r['len_ratio'][0]:.2f} | {r['samples']:.0f} | "
+                     f"{r['collapsed']} of {r['seeds']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: str, seeds: list[int], folder: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    for i, r in enumerate(rows):
+        dirs = [os.path.join(folder, f"{slug(r['row'])}-s{s}") for s in seeds]
+        curves = [curve(d) for d in dirs if demo_seeds.finished(d)]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        xs = [statistics.mean(c[j][0] for c in curves) for j in range(n)]
+        for ax, col in zip(axes, (1, 2)):
+            ys = [[c[j][col] for c in curves] for j in range(n)]
+            style = "-" if i < 4 else "--"
+            ax.plot(xs, [statistics.mean(y) for y in ys], style, color=f"C{i % 10}", label=r["row"])
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=f"C{i % 10}", alpha=0.12)
+    for ax, title in zip(axes, ("held-out avg@k", "held-out greedy")):
+        ax.set(title=title, xlabel="generated samples", ylim=(0, 1.02))
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", nargs="+", default=[r for r, _, _ in ROWS], help="rows to run (default: all)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=40, help="RL steps of a row without dynamic sampling")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "ablation"))
+    ap.add_argument("--quick", action="store_true", help="2 steps of every row, seed 0, tiny evaluations")
+    args = ap.parse_args()
+    unknown = set(args.rows) - {r for r, _, _ in ROWS}
+    if unknown:
+        raise SystemExit(f"--rows: unknown {sorted(unknown)}; the rows are {[r for r, _, _ in ROWS]}")
+    if args.quick:
+        args.seeds, args.steps = [0], 2
+        common = ["--eval-every", "0", "--eval-prompts", "4", "--eval-samples", "1", "--value-pretrain-steps", "1",
+                  "--prompts-per-step", "2", "--samples-per-prompt", "4", "--mini-batch-size", "8", "--micro-batch-size", "8",
+                  "--max-new-tokens", "32", "--dynamic-sampling-rounds", "1"]
+        budget = args.steps * 8
+    else:
+        common = ["--eval-every", str(max(args.steps // 4, 1)), "--eval-prompts", "100", "--eval-samples", "2"]
+        budget = args.steps * SAMPLES_PER_STEP
+    common += ["--steps", str(args.steps * 3), "--max-samples", str(budget), "--save-every", "0"]
+    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    print(f"machine: {demo_seeds.machine()}\ndate: {started}\nbudget: {budget} generated samples per run", flush=True)
+    chosen = [(r, p, o) for r, p, o in ROWS if r in args.rows]
+    if any(r in SHARES_CRITIC for r, _, _ in chosen) and "VAPO" not in args.rows:
+        chosen = [ROWS[3]] + chosen  # the rows that share a critic need VAPO's runs
+    jobs = [(r, o, s, args.out, common) for s in args.seeds for r, _, o in chosen]
+    jobs.sort(key=lambda j: j[0] != "VAPO")  # VAPO first: the shared critics come from its runs
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(run_row, jobs))
+    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in args.seeds]) for r, p, _ in chosen]
+    md = table(rows)
+    os.makedirs(args.out, exist_ok=True)
+    plot(rows, os.path.join(args.out, "ablation.png"), args.seeds, args.out)
+    report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s\n"
+              f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n")
+    print("\n" + report)
+    with open(os.path.join(args.out, "ablation.md"), "w") as fh:
+        fh.write(report)
+    with open(os.path.join(args.out, "ablation.json"), "w") as fh:
+        json.dump({"machine": demo_seeds.machine(), "date": started, "seeds": args.seeds, "budget": budget,
+                   "rows": rows}, fh, indent=1)
+    missing = [r["row"] for r in rows if r.get("seeds", 0) < len(args.seeds)]
+    if missing:
+        raise SystemExit(f"rows that did not finish every seed: {missing} (see their stdout.log)")
+
+
+if __name__ == "__main__":
+    main()
