@@ -478,7 +478,7 @@ def prompt_batch(rows: list[dict], step: int, n: int, seed: int) -> list[dict]:
 
 
 # ==================================================================================================================
-# One step, in the phases of DESIGN.md
+# One step, in its phases: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update, 6 log
 # ==================================================================================================================
 
 def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
