@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_seeds  # noqa: E402  (same folder: runs, reads and summarises vapo.py runs)
+from vapo import PRESETS  # noqa: E402  (demo_seeds put the repository on the path)
 
 # (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
 ROWS = [
@@ -47,15 +48,17 @@ ROWS = [
 ]
 SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Higher", "w/o Token-level Loss",
                  "w/o Positive Example LM Loss", "w/o Group-Sampling"}
-SAMPLES_PER_STEP = 16 * 8  # the demo preset's prompts x G
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
 
 
 def slug(row: str) -> str:
+    """A row's name as a folder name: "w/o Clip-Higher" -> "w-o-clip-higher"."""
     return "".join(c if c.isalnum() else "-" for c in row.lower()).strip("-")
 
 
 def row_args(row: str, options: list[str], seed: int, out: str, common: list[str]) -> list[str]:
+    """The vapo.py options of one run: the demo preset, the seed, its folder, the sweep's common options, the
+    row's own switches, and for the rows that share it VAPO's pretrained critic of the same seed."""
     args = ["--preset", "demo", "--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"),
             *common, *options]
     if row in SHARES_CRITIC:
@@ -64,6 +67,7 @@ def row_args(row: str, options: list[str], seed: int, out: str, common: list[str
 
 
 def run_row(job) -> None:
+    """Run one (row, seed) unless it has finished; a row that shares VAPO's critic waits for it first."""
     row, options, seed, out, common = job
     args = row_args(row, options, seed, out, common)
     run_dir = args[args.index("--output-dir") + 1]
@@ -114,6 +118,7 @@ def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    """The markdown table of the summarised rows, the paper's figure beside each."""
     lines = ["| row | paper (AIME24 avg@32) | held-out avg@k, final | greedy, final | greedy, mean over the budget | "
              "length / base | samples | collapsed |", "|---|---|---|---|---|---|---|---|"]
     pm = lambda m: f"{100 * m[0]:.1f} +- {100 * m[1]:.1f}"  # noqa: E731
@@ -128,6 +133,7 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], out: str, seeds: list[int], folder: str) -> None:
+    """ablation.png: held-out avg@k and greedy against generated samples, mean line and min-max band per row."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -167,12 +173,13 @@ def main():
     if args.quick:
         args.seeds, args.steps = [0], 2
         common = ["--eval-every", "0", "--eval-prompts", "4", "--eval-samples", "1", "--value-pretrain-steps", "1",
-                  "--prompts-per-step", "2", "--samples-per-prompt", "4", "--mini-batch-size", "8", "--micro-batch-size", "8",
+                  "--prompts-per-step", "2", "--samples-per-prompt", "4", "--mini-batch-size", "8",
+                  "--micro-batch-size", "8",
                   "--max-new-tokens", "32", "--dynamic-sampling-rounds", "1"]
-        budget = args.steps * 8
+        budget = args.steps * 2 * 4  # the quick runs' prompts x G
     else:
         common = ["--eval-every", str(max(args.steps // 4, 1)), "--eval-prompts", "100", "--eval-samples", "2"]
-        budget = args.steps * SAMPLES_PER_STEP
+        budget = args.steps * PRESETS["demo"]["prompts_per_step"] * PRESETS["demo"]["samples_per_prompt"]
     common += ["--steps", str(args.steps * 3), "--max-samples", str(budget), "--save-every", "0"]
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     print(f"machine: {demo_seeds.machine()}\ndate: {started}\nbudget: {budget} generated samples per run", flush=True)

@@ -89,6 +89,7 @@ def build_missing(bases: dict[str, str], jobs: int) -> None:
 
 
 def one_thread_env() -> dict:
+    """This process's environment with one torch (OpenMP/MKL) thread for the child."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     return env
@@ -173,6 +174,7 @@ def summarise_run(run_dir: str) -> dict | None:
 
 
 def table(rows: list[dict]) -> str:
+    """The markdown table of the runs: gains, length ratio, the critic's EV, clip fraction, KL, entropy, time."""
     head = ("| base | seed | avg@k base -> final (gain) | greedy base -> final (gain) | length ratio | "
             "pretrain EV | RL EV | clip frac | approx KL | entropy | run s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -191,6 +193,7 @@ def table(rows: list[dict]) -> str:
 
 
 def verdict(rows: list[dict]) -> dict:
+    """How many runs gained GAIN_TARGET on both measures, how many ended below their base, and the spreads."""
     done = [r["summary"] for r in rows if r["summary"] is not None]
     learned = [s for s in done if s["avg_gain"] >= GAIN_TARGET and s["greedy_gain"] >= GAIN_TARGET]
     below = [s for s in done if s["avg_gain"] < 0 or s["greedy_gain"] < 0]
@@ -252,7 +255,7 @@ def main():
     jobs = []
     for name, path in bases.items():
         for seed in args.seeds:
-            label = name if name in ("shipped",) or name.startswith("seed") else os.path.basename(path.rstrip("/"))
+            label = name if name == "shipped" or name.startswith("seed") else os.path.basename(path.rstrip("/"))
             run_dir = os.path.join(args.out, f"{label}-s{seed}")
             if args.fresh and os.path.exists(run_dir):
                 shutil.rmtree(run_dir)
