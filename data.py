@@ -11,14 +11,23 @@ to the model}. The prompt template is one of
   - "raw": the question as it is (the built-in task writes its own prompts).
 
 A field is a key, or a dotted path into nested rows ("reward_model.ground_truth", "prompt.0.content"). A malformed
-row (not JSON, a missing field, an empty question, an answer that is not a string or a number) raises ValueError
-naming the file and the row (1-based; for JSONL the line number): nothing is skipped silently.
+row (not JSON or not UTF-8, a missing field, an empty question, an answer that is not a string or a number, an
+empty or non-finite answer: NaN, Infinity, "nan", "-inf") raises ValueError naming the file and the row (1-based;
+for JSONL the line number): nothing is skipped silently.
+
+GSM8K-form answers in any source: a gold answer that is a worked solution with a final-answer line "#### 1,234"
+(GSM8K's format) becomes what follows the last such line ("1234", as gsm8k_answer cleans it). This holds for local
+files and for any dataset name whose preset does not clean its answers itself, and also with an explicit
+answer_field (the field still holds a worked solution, which no verifier can compare with an answer). Otherwise
+every sample of that prompt would score as wrong. How many rows were read in GSM8K form is logged (INFO) once per
+load; a "####" line with nothing after it is a data error.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,24 @@ def gsm8k_answer(solution: str) -> str:
     if "####" not in solution:
         raise ValueError("no '####' in the GSM8K answer field")
     return solution.split("####")[-1].strip().replace(",", "")
+
+
+# GSM8K's final-answer marker: a line that starts with ####. The last one is the final answer.
+_GSM8K_MARKER = re.compile(r"^####[ \t]*(.*?)[ \t\r]*$", re.MULTILINE)
+# Gold answers that are a float's non-finite value written as text (pandas and json.dumps write these).
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
+def gsm8k_final_answer(answer: str) -> str | None:
+    """The gold answer of a GSM8K-form answer field (a worked solution with a line "#### 1,234"), or None if
+    `answer` has no line starting with ####. The last such line counts; its answer is cleaned as gsm8k_answer
+    does ("1,234" -> "1234"). Raises ValueError if that line has nothing after ####."""
+    markers = list(_GSM8K_MARKER.finditer(answer))
+    if not markers:
+        return None
+    if not markers[-1].group(1):
+        raise ValueError("GSM8K final-answer line '####' has no answer after it")
+    return gsm8k_answer(markers[-1].group())
 
 
 def strip_dapo_template(prompt: str) -> str:
@@ -85,9 +112,15 @@ def _field(row, path: str):
 
 
 def _rows_jsonl(path: str):
-    """(row number = 1-based line number, row) for each non-blank line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    """(row number = 1-based line number, row) for each non-blank line. Lines are split at newline bytes and decoded
+    one by one, so a byte sequence that is not UTF-8 is reported with its line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not valid UTF-8 ({e.reason} at byte {e.start} of the "
+                                 f"line)") from e
             if not line.strip():
                 continue
             try:
@@ -123,8 +156,12 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
     """Rows {"prompt", "question", "answer"} from `source`: a .jsonl / .parquet file, or a dataset name.
 
     Field names default to the preset for a known dataset name (PRESETS), else "question" / "answer"; explicit
-    question_field / answer_field override them. `limit` keeps the first rows only. Numbers as answers become
-    strings (42 -> "42").
+    question_field / answer_field override them (and the preset's cleaning of that field). `limit` keeps the first
+    rows only. Numbers as answers become strings (42 -> "42"). GSM8K-form answers ("...\\n#### 42") become "42"
+    unless the preset cleans its answers itself (see the module docstring).
+
+    A path ending in .jsonl or .parquet that does not exist raises FileNotFoundError "<path>: no such file"; a
+    directory, or an existing file of another type, raises FileNotFoundError listing the accepted sources.
     """
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}: expected one of {TEMPLATES}")
@@ -132,19 +169,24 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
     q_path = question_field or preset.get("question", DEFAULT_FIELDS["question"])
     a_path = answer_field or preset.get("answer", DEFAULT_FIELDS["answer"])
     question_fn = preset.get("question_fn", lambda q: q) if question_field is None else (lambda q: q)
-    answer_fn = preset.get("answer_fn", lambda a: a) if answer_field is None else (lambda a: a)
+    answer_fn = preset.get("answer_fn") if answer_field is None else None  # None: GSM8K form is detected
 
     extension = os.path.splitext(source)[1].lower()
+    accepted = "expected a local .jsonl or .parquet file, or a Hugging Face dataset name"
     if os.path.isfile(source) and extension in (".jsonl", ".parquet"):
         rows = _rows_jsonl(source) if extension == ".jsonl" else _rows_parquet(source)
         where = source + (", line" if extension == ".jsonl" else ", row")
-    elif extension in (".jsonl", ".parquet", ".json", ".csv") or os.path.exists(source):
-        raise FileNotFoundError(f"{source}: not a .jsonl or .parquet file")
+    elif os.path.isdir(source):
+        raise FileNotFoundError(f"{source}: a directory, not a .jsonl or .parquet file ({accepted})")
+    elif extension in (".jsonl", ".parquet") and not os.path.exists(source):
+        raise FileNotFoundError(f"{source}: no such file")
+    elif extension in (".json", ".csv") or os.path.exists(source):
+        raise FileNotFoundError(f"{source}: not a .jsonl or .parquet file ({accepted})")
     else:
         rows = _rows_hub(source, preset.get("config"), split)
         where = f"dataset {source} ({split}), row"
 
-    out, seen = [], set()
+    out, seen, gsm8k_rows = [], set(), 0
     for number, row in rows:
         if limit is not None and len(out) >= limit:
             break
@@ -155,11 +197,18 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
             if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
                 raise ValueError(f"answer {a_path!r} is {type(answer).__name__}, not a string or a number")
             question = question_fn(question)  # kept exactly: with template "raw" it is the prompt
-            answer = answer_fn(answer if isinstance(answer, str) else str(answer)).strip()
+            answer = answer if isinstance(answer, str) else str(answer)  # float NaN -> "nan": rejected below
+            if answer_fn is not None:
+                answer = answer_fn(answer)
+            elif (final := gsm8k_final_answer(answer)) is not None:
+                answer, gsm8k_rows = final, gsm8k_rows + 1
+            answer = answer.strip()
             if not question.strip():
                 raise ValueError(f"empty question {q_path!r}")
             if not answer:
                 raise ValueError(f"empty answer {a_path!r}")
+            if _NON_FINITE.fullmatch(answer):
+                raise ValueError(f"gold answer {answer!r} is not a finite value")
         except (KeyError, ValueError) as e:
             raise ValueError(f"{where} {number}: {e.args[0] if e.args else e}") from e
         if preset.get("dedupe"):
@@ -167,6 +216,9 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
                 continue
             seen.add((question, answer))
         out.append(dict(prompt=format_prompt(question, template, tokenizer), question=question, answer=answer))
+    if gsm8k_rows:
+        log.info("%s: %d rows read in GSM8K form (a worked solution ending in '#### <answer>'): their gold answer "
+                 "is what follows the last ####", source, gsm8k_rows)
     if preset.get("dedupe"):
         log.info("%s: %d distinct problems kept (repeated rows dropped)", source, len(out))
     if not out:

@@ -18,6 +18,7 @@ Public functions:
     arith_reward(response, gold)              +1 / -1 for the built-in arithmetic task (pure string work)
     overlong_penalty(length, max_length, cache_length)   DAPO's soft overlong punishment
     score_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
+    check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
 
 Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
 ("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import logging
 import math
@@ -36,6 +38,7 @@ import os
 import pickle
 import re
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Sequence
@@ -67,6 +70,15 @@ DEFAULT_MAX_WORKERS = 8
 samples per step need no more."""
 STARTUP_TIMEOUT_S = 120.0
 """How long a new worker may take to start (it re-imports the main script under spawn) before it is an error."""
+_WORKER_NAME = "reward-worker"
+_EXIT_UNGUARDED_MAIN = 86
+"""Exit code of a worker that found the main script calling score_batch while the worker imported it."""
+_UNGUARDED_MAIN_MESSAGE = (
+    "score_batch: the scoring workers could not start, because the main script calls score_batch as soon as it "
+    "is imported. The workers are started with the 'spawn' method, which imports the main script again in each "
+    "worker (as \"__mp_main__\"), so each worker would try to start workers of its own. Fix: put the script's "
+    "entry code under `if __name__ == \"__main__\":`, or pass num_workers=0 to score in this process (no time "
+    "bound, only for cheap verifiers such as arith_reward).")
 
 # ---------------------------------------------------------------------------------------------------------
 # Answer extraction
@@ -293,23 +305,58 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
 _READY = "ready"
 
 
+class _TimeoutCounter(logging.Handler):
+    """Counts math-verify's own timeouts. math-verify reports one only as a WARNING log record ("Timeout during
+    parsing: <the answer>", "Timeout during comparison") and then treats that parse or comparison as failed."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Timeout during"):
+            self.count += 1
+
+
+@contextlib.contextmanager
+def _math_verify_timeouts():
+    """Inside: math-verify's timeouts are counted (the handler yielded), and its log records go nowhere else, so
+    none reaches the console (unconfigured logging prints WARNINGs to stderr, one per timeout, quoting the answer
+    however long). score_batch reports the counts instead. The logger's settings are restored on exit."""
+    log = logging.getLogger("math_verify")
+    counter = _TimeoutCounter()
+    level, propagate = log.level, log.propagate
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+    log.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        log.removeHandler(counter)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
 def _worker_main(conn) -> None:
     """Body of a scoring process: for each pickled (verifier, response, gold) received, send back
-    ("ok", score) or ("error", message). Exits when the parent closes the pipe."""
+    ("ok", score, cut_short) or ("error", message, cut_short), where cut_short says whether math-verify's own
+    timeout stopped a parse or comparison of that item. Exits when the parent closes the pipe."""
     # Ctrl-C reaches the whole process group; the parent decides what happens to its workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.send(_READY)
-    while True:
-        try:
-            job = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        try:  # unpickling is inside: a verifier the worker cannot import is that item's error, not a crash
-            verifier, response, gold = pickle.loads(job)
-            reply = ("ok", float(verifier(response, gold)))
-        except Exception as exc:  # any failure of the verifier is reported, and the worker carries on
-            reply = ("error", f"{type(exc).__name__}: {exc}"[:300])
-        conn.send(reply)
+    with _math_verify_timeouts() as timeouts:
+        while True:
+            try:
+                job = conn.recv_bytes()
+            except (EOFError, OSError):
+                return
+            before = timeouts.count
+            try:  # unpickling is inside: a verifier the worker cannot import is that item's error, not a crash
+                verifier, response, gold = pickle.loads(job)
+                reply = ("ok", float(verifier(response, gold)))
+            except Exception as exc:  # any failure of the verifier is reported, and the worker carries on
+                reply = ("error", f"{type(exc).__name__}: {exc}"[:300])
+            conn.send((*reply, timeouts.count > before))
 
 
 class _Worker:
@@ -318,7 +365,7 @@ class _Worker:
 
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="reward-worker")
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name=_WORKER_NAME)
         self.proc.start()
         child.close()  # our copy must go, or we would never see EOF when the worker dies
         self.ready = False
@@ -332,10 +379,11 @@ class _Worker:
 
 
 class _Tally:
-    """What went wrong in one score_batch call, for its log line."""
+    """What went wrong in one score_batch call, for its log line and stats: items killed at the time bound
+    (timeouts), items cut short by math-verify's own timeout (cut_short), verifier failures (errors)."""
 
     def __init__(self):
-        self.timeouts = self.errors = 0
+        self.timeouts = self.cut_short = self.errors = 0
         self.examples: list[str] = []  # a few distinct error messages, enough to tell causes apart
 
     def error(self, message: str) -> None:
@@ -413,6 +461,8 @@ class _WorkerPool:
             message = w.conn.recv()
         except (EOFError, OSError):
             w.proc.join(timeout=1.0)  # for its exit code
+            if not w.ready and w.proc.exitcode == _EXIT_UNGUARDED_MAIN:
+                raise RuntimeError(_UNGUARDED_MAIN_MESSAGE) from None
             if not w.ready:
                 raise RuntimeError(f"a scoring worker exited with code {w.proc.exitcode} while starting; "
                                    "its stderr says why") from None
@@ -423,7 +473,8 @@ class _WorkerPool:
         if message == _READY:
             w.ready, w.deadline = True, math.inf
             return
-        status, value = message
+        status, value, cut_short = message
+        tally.cut_short += cut_short
         if status == "ok" and math.isfinite(value):
             scores[w.job] = value
         else:
@@ -482,7 +533,7 @@ def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, nu
 def score_batch(responses: Sequence[str], golds: Sequence[str],
                 verifier: Callable[[str, str], float] = math_reward, *, num_workers: int | None = None,
                 timeout_s: float = ITEM_TIMEOUT_S, max_response_chars: int = MAX_RESPONSE_CHARS,
-                wrong: float = WRONG_REWARD) -> list[float]:
+                wrong: float = WRONG_REWARD, stats: dict | None = None) -> list[float]:
     """verifier(responses[i], golds[i]) for every i, in input order, each bounded in time.
 
     The trainer's reward phase (VAPO, arXiv 2504.05118: one reward per sample, placed at its last token).
@@ -494,35 +545,109 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     process; it is closed at interpreter exit. Processes, not threads: math-verify's timeouts use
     signal.alarm, and only a process can be killed when it hangs in C code.
 
-    Scored as `wrong` without a verdict, and counted in one logging WARNING per call, never silently:
-    an item that exceeds timeout_s (its worker is killed and replaced), a verifier that raises or returns a
-    non-finite number, a worker that dies (replaced; no other item is lost). Responses longer than
-    max_response_chars are scored as `wrong` without being parsed or sent to a worker (also logged).
+    Scored as `wrong` without a verdict, and counted, never silently: an item that exceeds timeout_s (its
+    worker is killed and replaced), a verifier that raises or returns a non-finite number, a worker that dies
+    (replaced; no other item is lost). Responses longer than max_response_chars are scored as `wrong` without
+    being parsed or sent to a worker. Also counted: items during which math-verify's own timeout
+    (MATH_VERIFY_TIMEOUT_S) cut a parse or comparison short; the verifier's score stands (math_equal counts a
+    cut-short comparison as not equal). math-verify's own log line per timeout is kept off the console.
+
+    The counts of one call go to `stats`, when given, as ints:
+        stats["reward/timeouts"]   items killed at timeout_s + items cut short by math-verify's own timeout
+        stats["reward/errors"]     verifier exceptions, non-finite scores, dead workers
+        stats["reward/oversized"]  responses longer than max_response_chars
+    and the call's summary line is logged at DEBUG (the caller logs the counts with its metrics); without
+    `stats` it is one WARNING per call with any of them.
 
     num_workers=0 scores in this process with no pool, no time bound and no isolation (exceptions
     propagate): only for verifiers known to be cheap and safe, like arith_reward.
 
     The verifier must be picklable: a module-level function (response: str, gold: str) -> float, or a
     functools.partial of one (e.g. to change math_reward's correct/wrong values). Spawned workers import
-    the main script as "__mp_main__", so a script that calls this needs an `if __name__ == "__main__":` guard.
+    the main script as "__mp_main__", so a script that calls this needs an `if __name__ == "__main__":` guard;
+    without one, the workers' start fails with a RuntimeError that says so (not multiprocessing's traceback
+    about the "bootstrapping phase").
     Raises ValueError if the lengths differ or an argument is out of range, TypeError for a non-str item.
     """
     _validate_batch(responses, golds, verifier, num_workers, timeout_s)
     scores = [wrong] * len(responses)
     jobs = {i: (r, g) for i, (r, g) in enumerate(zip(responses, golds)) if len(r) <= max_response_chars}
     oversized = len(responses) - len(jobs)
+    tally = _Tally()
     if num_workers == 0:
-        for i, (response, gold) in jobs.items():
-            scores[i] = float(verifier(response, gold))
-        tally = _Tally()
+        with _math_verify_timeouts() as timeouts:
+            for i, (response, gold) in jobs.items():
+                before = timeouts.count
+                scores[i] = float(verifier(response, gold))
+                tally.cut_short += timeouts.count > before
     elif jobs:
+        process = multiprocessing.current_process()
+        if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
+            # This process is a spawned child importing its parent's main script, which called score_batch at
+            # import time. Starting a pool here would fail with a long multiprocessing traceback. Our own
+            # worker exits with a code the parent turns into one clear error; any other process raises it.
+            if process.name == _WORKER_NAME:
+                sys.exit(_EXIT_UNGUARDED_MAIN)
+            raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
         pool = _shared_pool(num_workers or _default_num_workers(), os.getpid())
         tally = pool.score(verifier, jobs, timeout_s, scores)
-    else:
-        tally = _Tally()
-    if tally.timeouts or tally.errors or oversized:
-        logger.warning("score_batch: %d of %d items scored %s without a verdict: %d timed out (> %g s), "
-                       "%d failed%s, %d longer than %d chars", tally.timeouts + tally.errors + oversized,
-                       len(responses), wrong, tally.timeouts, timeout_s, tally.errors,
-                       f" ({'; '.join(tally.examples)})" if tally.errors else "", oversized, max_response_chars)
+    timeouts = tally.timeouts + tally.cut_short
+    if stats is not None:
+        stats.update({"reward/timeouts": timeouts, "reward/errors": tally.errors, "reward/oversized": oversized})
+    if timeouts or tally.errors or oversized:
+        logger.log(logging.WARNING if stats is None else logging.DEBUG,
+                   "score_batch: %d of %d items without a verdict: %d timed out (%d killed after %g s and scored "
+                   "%s, %d cut short by math-verify's own %d s timeout), %d failed%s and scored %s, %d longer "
+                   "than %d chars and scored %s", timeouts + tally.errors + oversized, len(responses), timeouts,
+                   tally.timeouts, timeout_s, wrong, tally.cut_short, MATH_VERIFY_TIMEOUT_S, tally.errors,
+                   f" ({'; '.join(tally.examples)})" if tally.errors else "", wrong, oversized,
+                   max_response_chars, wrong)
     return scores
+
+
+def _score_or_nan(verifier: Callable[[str, str], float], response: str, gold: str) -> float:
+    """verifier(response, gold), or NaN if it raises: check_golds's in-process scoring, where score_batch lets
+    exceptions propagate."""
+    try:
+        return float(verifier(response, gold))
+    except Exception:
+        return math.nan
+
+
+def check_golds(golds: Sequence[str], verifier: Callable[[str, str], float], num_workers: int | None = None, *,
+                correct: float | None = None) -> list[int]:
+    """Indices (sorted) of the gold answers that `verifier` cannot read.
+
+    A gold answer the verifier cannot parse (a worked solution instead of its final answer, a truncated
+    "\\frac{", a stray "12.") does not make a prompt hard: it makes every sample of that prompt score as wrong,
+    so the prompt teaches nothing and looks like one the policy has not learnt yet. That is a data error, to be
+    reported before training, not a -1 for every sample.
+
+    Each distinct gold is scored through score_batch (worker processes, each item bounded in time; num_workers
+    as there) against the two responses that state it in the forms extract_answer reads, which are the forms
+    math_reward and arith_reward accept:
+        "Answer: <gold>"       DAPO's answer line: the gold must fit on one line (no line break) and not end
+                               in a period, since extract_answer drops one;
+        "\\boxed{<gold>}"       the \\boxed{} convention: the gold's braces must balance.
+    A gold is readable iff both score `correct` (default: the verifier's own `correct` keyword when it is a
+    functools.partial that sets one, else CORRECT_REWARD). A verifier that raises on a gold (arith_reward on a
+    non-integer), times out or fails counts as not reading it.
+
+    Limit: math_equal accepts an answer identical to the gold without parsing either, so a one-line gold that
+    math-verify cannot parse but that a model could copy verbatim ("She has 5 apples") passes this check.
+    Raises TypeError for a gold that is not a str.
+    """
+    for i, gold in enumerate(golds):
+        if not isinstance(gold, str):
+            raise TypeError(f"check_golds: golds[{i}] must be str, got {type(gold).__name__}")
+    if correct is None:
+        keywords = verifier.keywords if isinstance(verifier, functools.partial) else {}
+        correct = keywords.get("correct", CORRECT_REWARD)
+    distinct = list(dict.fromkeys(golds))
+    forms = [(f"Answer: {gold}", gold) for gold in distinct] + [(f"\\boxed{{{gold}}}", gold) for gold in distinct]
+    if num_workers == 0:
+        verifier = functools.partial(_score_or_nan, verifier)
+    scores = score_batch([response for response, _ in forms], [gold for _, gold in forms], verifier,
+                         num_workers=num_workers, stats={})
+    unreadable = {gold for (_, gold), score in zip(forms, scores) if score != correct}
+    return [i for i, gold in enumerate(golds) if gold in unreadable]

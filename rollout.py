@@ -308,6 +308,9 @@ def response_logprobs(model, rollout: Rollout, temperature: float = 1.0, with_en
     These equal the sampler's log-probs on the same weights when the rollout was sampled with top_p = 1 at the same
     temperature (see sample_next); for top_p < 1 they are the untruncated policy's, as PPO's ratio needs.
     """
+    if rollout.T == 0:  # only empty responses: nothing to score (and logits_to_keep=0 would mean "keep all")
+        empty = rollout.response_mask.float()  # [B, 0]
+        return empty, (empty if with_entropy else None)
     input_ids, attention_mask, positions = _inputs(rollout)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
                 logits_to_keep=rollout.T)
@@ -339,6 +342,8 @@ def response_values(value_model, rollout: Rollout) -> torch.Tensor:
     The state after the last token (s_T, after the EOS) is terminal: V = 0 there by definition, so it is not
     computed (GAE uses 0, see gae.py). Returns [B, T] float32.
     """
+    if rollout.T == 0:  # only empty responses: no state to value (and [:, -0:] would select every position)
+        return rollout.response_mask.float()  # [B, 0]
     input_ids, attention_mask, positions = _inputs(rollout)
     out = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
     values = out.logits[:, -rollout.T:, 0].float()  # [B, T]: positions P-1 .. P+T-2
@@ -383,6 +388,8 @@ def by_length(rollout: Rollout, idx: torch.Tensor) -> torch.Tensor:
     rows of similar length and Rollout.select trims most of their padding. On the demo's rollouts (1 to 10 step
     problems in one batch) a forward and backward pass in sorted micro-batches of 16 was 2.5x faster than one
     pass and 1.3x faster than micro-batches in rollout order (bench/bench_micro_batches.py). Stable sort, so
-    deterministic."""
+    deterministic. idx may live on any device (the trainer draws its mini-batch order on the CPU); the result
+    lives on the rollout's, ready to index its tensors."""
+    idx = idx.to(rollout.lengths.device)
     total = rollout.prompt_mask[idx].sum(1) + rollout.lengths[idx]  # [b]
     return idx[torch.sort(total, stable=True).indices]

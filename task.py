@@ -45,6 +45,7 @@ of steps and the step error rates. Other code calls `ensure_base_model()`, which
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -496,14 +497,35 @@ def base_model_path() -> str:
     return SHIPPED_BASE if os.path.exists(os.path.join(SHIPPED_BASE, BUILD_INFO)) else cache_path()
 
 
+@contextlib.contextmanager
+def build_lock(out_dir: str, log=print):
+    """An exclusive lock on <out_dir>.lock (flock: released by the OS if the holder dies), so that concurrent
+    builds of one folder happen once; a process that finds it held says so and waits."""
+    import fcntl
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
+    with open(os.path.abspath(out_dir) + ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another process is building {out_dir}: waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def ensure_base_model(log=print) -> str:
     """The base model's folder: the shipped one, or (if a checkout lacks it) a build cached once (minutes)."""
     path = base_model_path()
     if os.path.exists(os.path.join(path, BUILD_INFO)):
         return path
-    log(f"No shipped base model in {SHIPPED_BASE}: building one (about {SFT_STEPS * 0.25 / 60:.0f} minutes on "
-        f"one CPU core), cached in {path}")
-    info = build_base_model(path)
+    with build_lock(path, log):  # two runs started at once: one builds, the other waits and uses its build
+        if os.path.exists(os.path.join(path, BUILD_INFO)):
+            return path
+        log(f"No shipped base model in {SHIPPED_BASE}: building one (about {SFT_STEPS * 0.25 / 60:.0f} minutes "
+            f"on one CPU core), cached in {path}")
+        info = build_base_model(path)
     log(f"Built in {info['build_seconds']:.0f} s: held-out greedy accuracy "
         f"{100 * info['eval']['greedy']['accuracy']:.1f}%, sampled {100 * info['eval']['sampled']['accuracy']:.1f}%")
     return path
@@ -526,7 +548,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "build":
         out = args.out or cache_path()
-        info = build_base_model(out, steps=args.steps, seed=args.seed)
+        with build_lock(out):
+            info = build_base_model(out, steps=args.steps, seed=args.seed)
         print(f"saved to {out} in {info['build_seconds']} s (training {info['train_seconds']} s), "
               f"weights sha256 {info['sha256'][:16]}...")
         if os.path.abspath(out) != SHIPPED_BASE:

@@ -173,6 +173,8 @@ class Config:
     """PPO value clipping range (our option; the paper does not state it; none = off)"""
     whiten_advantages: bool = False
     """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
+    max_nonfinite_steps: int = 5
+    """stop the run (with a checkpoint of the last finite weights) after this many consecutive steps whose loss or gradient was not finite (each such mini-batch is skipped, not applied)"""
 
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 50
@@ -233,52 +235,73 @@ class Config:
         return self.dataset == "builtin"
 
     def validate(self) -> "Config":
-        """Raise ValueError naming the first option that cannot work, and why."""
-        checks = [
-            (self.steps >= 0, "steps", "must be >= 0"),
-            (self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1 (or none)"),
-            (self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1"),
-            (self.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
-            (self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
-            (self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
+        """Raise ValueError naming the first option that cannot work, and why. Every float option must be finite
+        (nan and inf are refused, not trained with); each check runs only after the checks it relies on."""
+        hints = typing.get_type_hints(Config)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if float in (hints[f.name], *typing.get_args(hints[f.name])) and value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"--{f.name.replace('_', '-')}: must be a number, got {value!r}")
+                if not math.isfinite(value):
+                    raise ValueError(f"--{f.name.replace('_', '-')}: must be a finite number, got {value}")
+        checks = [  # (condition as a function, option, reason): evaluated in order, so later ones may divide
+            (lambda: self.steps >= 0, "steps", "must be >= 0"),
+            (lambda: self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1 (or none)"),
+            (lambda: self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1"),
+            (lambda: self.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
+            (lambda: self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
+            (lambda: self.batch_size % self.mini_batch_size == 0, "mini_batch_size",
              f"must divide the batch of prompts_per_step x samples_per_prompt = {self.batch_size} samples"),
-            (self.micro_batch_size >= 1 and self.mini_batch_size % self.micro_batch_size == 0, "micro_batch_size",
+            (lambda: self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1"),
+            (lambda: self.mini_batch_size % self.micro_batch_size == 0, "micro_batch_size",
              f"must divide mini_batch_size = {self.mini_batch_size}"),
-            (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
-            (self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
-            (self.temperature > 0, "temperature", "must be > 0 for training rollouts (PPO needs a stochastic policy)"),
-            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
-            (self.actor_lr > 0, "actor_lr", "must be > 0"),
-            (self.critic_lr > 0, "critic_lr", "must be > 0"),
-            (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
-            (self.max_grad_norm > 0, "max_grad_norm", "must be > 0"),
-            (self.value_pretrain_steps >= 0, "value_pretrain_steps", "must be >= 0"),
-            (0 <= self.lam_critic <= 1, "lam_critic", "must be in [0, 1]"),
-            (self.alpha > 0, "alpha", "must be > 0 (lambda_policy = 1 - 1 / (alpha * length))"),
-            (0 <= self.lam_policy_fixed <= 1, "lam_policy_fixed", "must be in [0, 1]"),
-            (0 <= self.eps_low < 1, "eps_low", "must be in [0, 1)"),
-            (not self.clip_higher or self.eps_high >= self.eps_low, "eps_high",
+            (lambda: self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
+            (lambda: self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (lambda: self.temperature > 0, "temperature",
+             "must be > 0 for training rollouts (PPO needs a stochastic policy)"),
+            (lambda: 0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
+            (lambda: self.actor_lr > 0, "actor_lr", "must be > 0"),
+            (lambda: self.critic_lr > 0, "critic_lr", "must be > 0"),
+            (lambda: self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
+            (lambda: self.weight_decay >= 0, "weight_decay", "must be >= 0"),
+            (lambda: self.max_grad_norm > 0, "max_grad_norm", "must be > 0"),
+            (lambda: self.value_pretrain_steps >= 0, "value_pretrain_steps", "must be >= 0"),
+            (lambda: self.value_pretrain_ev is None or self.value_pretrain_ev <= 1, "value_pretrain_ev",
+             "must be <= 1 (explained variance is at most 1) or none"),
+            (lambda: 0 <= self.lam_critic <= 1, "lam_critic", "must be in [0, 1]"),
+            (lambda: self.alpha > 0, "alpha", "must be > 0 (lambda_policy = 1 - 1 / (alpha * length))"),
+            (lambda: 0 <= self.lam_policy_fixed <= 1, "lam_policy_fixed", "must be in [0, 1]"),
+            (lambda: 0 <= self.eps_low < 1, "eps_low", "must be in [0, 1)"),
+            (lambda: self.eps_high >= 0, "eps_high", "must be >= 0"),
+            (lambda: not self.clip_higher or self.eps_high >= self.eps_low, "eps_high",
              f"must be >= eps_low = {self.eps_low} with clip-higher (it raises the upper bound)"),
-            (self.mu >= 0, "mu", "must be >= 0"),
-            (self.algo in ALGORITHMS, "algo", f"must be one of {', '.join(ALGORITHMS)}"),
-            (self.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
-            (not self.group_advantage or self.group_size >= 2, "group_advantage",
+            (lambda: self.mu >= 0, "mu", "must be >= 0"),
+            (lambda: self.algo in ALGORITHMS, "algo", f"must be one of {', '.join(ALGORITHMS)}"),
+            (lambda: self.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
+            (lambda: not self.group_advantage or self.group_size >= 2, "group_advantage",
              "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
-            (not self.overlong_shaping or 0 <= self.overlong_cache <= self.max_new_tokens, "overlong_cache",
+            (lambda: not self.overlong_shaping or 0 <= self.overlong_cache <= self.max_new_tokens, "overlong_cache",
              f"must be in [0, max_new_tokens = {self.max_new_tokens}] with overlong shaping"),
-            (0 < self.gamma <= 1, "gamma", "must be in (0, 1]"),
-            (self.value_clip is None or self.value_clip > 0, "value_clip", "must be > 0 (or none)"),
-            (self.eval_every >= 0 and self.save_every >= 0, "eval_every/save_every", "must be >= 0"),
-            (self.eval_prompts >= 0 and self.eval_samples >= 1, "eval_prompts/eval_samples", "must be >= 0 / >= 1"),
-            (0 < self.eval_top_p <= 1 and self.eval_temperature >= 0, "eval_top_p/eval_temperature",
-             "must be in (0, 1] / >= 0"),
-            (self.template in ("base", "chat", "raw"), "template", "must be base, chat or raw"),
-            (self.report_to in ("none", "tensorboard", "wandb"), "report_to", "must be none, tensorboard or wandb"),
-            (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
+            (lambda: 0 < self.gamma <= 1, "gamma", "must be in (0, 1]"),
+            (lambda: self.value_clip is None or self.value_clip > 0, "value_clip", "must be > 0 (or none)"),
+            (lambda: self.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1"),
+            (lambda: self.eval_every >= 0, "eval_every", "must be >= 0"),
+            (lambda: self.save_every >= 0, "save_every", "must be >= 0"),
+            (lambda: self.eval_prompts >= 0, "eval_prompts", "must be >= 0"),
+            (lambda: self.eval_samples >= 1, "eval_samples", "must be >= 1"),
+            (lambda: 0 < self.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
+            (lambda: self.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),
+            (lambda: self.template in ("base", "chat", "raw"), "template", "must be base, chat or raw"),
+            (lambda: self.report_to in ("none", "tensorboard", "wandb"), "report_to",
+             "must be none, tensorboard or wandb"),
+            (lambda: self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
              "must be auto, cpu or cuda[:N]"),
+            (lambda: self.reward_workers is None or self.reward_workers >= 0, "reward_workers",
+             "must be >= 0 (0 = score in this process) or none (one per CPU core)"),
         ]
         for ok, name, why in checks:
-            if not ok:
+            if not ok():
                 raise ValueError(f"--{name.replace('_', '-')}: {why}")
         return self
 
@@ -351,11 +374,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last checkpoint, with its saved config "
                              "(options given here, e.g. --steps, override it)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in an --output-dir that already holds a run, deleting its files "
+                             "(without it such a folder is refused)")
     hints, docs = typing.get_type_hints(Config), field_docs()
     for f in dataclasses.fields(Config):
         flags = [f"--{f.name.replace('_', '-')}"]
         kind = hints[f.name]
-        helptext = f"{docs.get(f.name, '')} (paper/default: {f.default})"
+        # `python vapo.py` runs the demo preset: show its value too where it differs from the paper's
+        demo = PRESETS["demo"].get(f.name, f.default)
+        helptext = f"{docs.get(f.name, '')} (paper: {f.default}" + (
+            f"; demo preset: {demo})" if demo != f.default else ")")
         if kind is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=helptext)
         else:
@@ -365,17 +394,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(argv=None) -> tuple[Config, str | None]:
-    """Parse the command line -> (validated Config, run folder to resume or None)."""
+def config_from_args(argv=None) -> tuple[Config, str | None, bool]:
+    """Parse the command line -> (validated Config, run folder to resume or None, --overwrite)."""
     args = vars(build_parser().parse_args(argv))
     resume = args.pop("resume", None)
     preset = args.pop("preset", None)
+    overwrite = args.pop("overwrite", False)
     if resume is not None:
         saved = os.path.join(resume, "config.json")
         if not os.path.exists(saved):
             raise SystemExit(f"--resume {resume}: no config.json there (is it a vapo run folder?)")
-        with open(saved) as fh:
-            base = json.load(fh)
+        try:
+            with open(saved) as fh:
+                base = json.load(fh)
+            if not isinstance(base, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise SystemExit(f"--resume {resume}: {saved} is damaged ({err}); restore it, or start a new run "
+                             f"there with the same options and --overwrite") from None
+        unknown = set(base) - {f.name for f in dataclasses.fields(Config)}
+        if unknown:
+            raise SystemExit(f"--resume {resume}: {saved} has options this version does not know: {sorted(unknown)}")
         base["output_dir"] = resume
         if args.get("algo", base.get("algo", "vapo")) != base.get("algo", "vapo"):
             raise SystemExit(f"--resume {resume}: the run was {base.get('algo', 'vapo')}; --algo cannot change")
@@ -386,9 +425,17 @@ def config_from_args(argv=None) -> tuple[Config, str | None]:
             raise SystemExit(f"vapo: --algo: must be one of {', '.join(ALGORITHMS)}, got {algo!r}")
         base = {**PRESETS[preset], **ALGORITHMS[algo], "algo": algo}  # the user's options override both
     try:
-        return Config(**{**base, **args}).validate(), resume
-    except ValueError as err:
+        cfg = Config(**{**base, **args}).validate()
+    except (ValueError, TypeError) as err:
         raise SystemExit(f"vapo: {err}") from None
+    if resume is None:
+        log.info("preset %s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
+                 "%s)", preset, cfg.steps, cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_new_tokens,
+                 "|".join(PRESETS))
+        if preset == "paper" and cfg.device != "cuda" and not torch.cuda.is_available():
+            log.warning("the paper preset (%d samples per step) on a machine without a GPU will look like a hang; "
+                        "for a small local model try --preset demo", cfg.batch_size)
+    return cfg, resume, overwrite
 
 
 # ==================================================================================================================
@@ -438,9 +485,14 @@ def load_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     from data import load_prompts
     kw = dict(question_field=cfg.question_field, answer_field=cfg.answer_field, template=cfg.template,
               tokenizer=tokenizer)
-    train = load_prompts(cfg.dataset, split=cfg.train_split, **kw)
+    def load(option, source, split):  # a bad file or row is the user's to fix: a message, not a traceback
+        try:
+            return load_prompts(source, split=split, **kw)
+        except (ValueError, OSError, RuntimeError, ImportError) as err:
+            raise SystemExit(f"vapo: {option} {source}: {err}") from None
+    train = load("--dataset", cfg.dataset, cfg.train_split)
     if cfg.eval_dataset:
-        held_out = load_prompts(cfg.eval_dataset, split=cfg.eval_split, **kw)[:cfg.eval_prompts]
+        held_out = load("--eval-dataset", cfg.eval_dataset, cfg.eval_split)[:cfg.eval_prompts]
     else:
         if len(train) <= cfg.eval_prompts:
             raise SystemExit(f"--dataset {cfg.dataset}: {len(train)} rows, too few to hold out --eval-prompts "
@@ -495,16 +547,19 @@ def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def sample_and_score(engine, rows: list[dict], cfg: Config, verifier, workers) -> tuple:
     """Phases 1-2 for one list of prompts: rollout (G samples per prompt) and the verifier's reward.
-    Returns (rollout, scores [B], timings)."""
+    Returns (rollout, scores [B], stats): the timings and the verifier's reward/timeouts, reward/errors and
+    reward/oversized counts."""
     from reward import score_batch
     t0 = time.perf_counter()
     with autocast(cfg, next(engine.model.parameters()).device):
         rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
     t1 = time.perf_counter()
     golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
-    scores = torch.tensor(score_batch(rollout.texts, golds, verifier=verifier, num_workers=workers))  # 2. reward
+    counts: dict = {}  # the verifier's timeouts, failures and oversized responses: counted in the step's record
+    scores = torch.tensor(score_batch(rollout.texts, golds, verifier=verifier, num_workers=workers,
+                                      stats=counts))  # 2. reward
     return rollout, scores.to(rollout.response_mask.device), {"time/rollout": t1 - t0,
-                                                               "time/reward": time.perf_counter() - t1}
+                                                               "time/reward": time.perf_counter() - t1, **counts}
 
 
 def collect(engine, rows: list[dict], cfg: Config, verifier, workers, refill=None) -> tuple:
@@ -537,7 +592,7 @@ def collect(engine, rows: list[dict], cfg: Config, verifier, workers, refill=Non
         rounds += 1
         rollout, scores, times = sample_and_score(engine, refill(rounds), cfg, verifier, workers)
         for k, v in times.items():
-            stats[k] += v
+            stats[k] = stats.get(k, 0) + v
         stats["samples_generated"] += rollout.B
     rollout = Rollout.cat([p for p, _ in parts])
     scores = torch.cat([sc for _, sc in parts])
@@ -589,6 +644,11 @@ class Mean:
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
             self.weights[k] = self.weights.get(k, 0.0) + weight
 
+    def merge(self, other: "Mean"):
+        for k in other.sums:
+            self.sums[k] = self.sums.get(k, 0.0) + other.sums[k]
+            self.weights[k] = self.weights.get(k, 0.0) + other.weights[k]
+
     def result(self) -> dict[str, float]:
         """Each name's weighted mean; 0.0 for a name whose weights were all 0 (e.g. the NLL with no correct sample)."""
         return {k: self.sums[k] / self.weights[k] if self.weights[k] > 0 else 0.0 for k in self.sums}
@@ -603,7 +663,8 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
 
     Micro-batches accumulate gradients; the losses are normalised by the whole mini-batch's token counts, so
     the micro-batch size never changes the result. A mini-batch whose loss or gradient is not finite is
-    skipped (no optimizer step) and counted in `skipped_nonfinite`.
+    skipped (no optimizer step, none of its figures averaged in), counted in `skipped_nonfinite` and named in
+    `nonfinite_cause` (e.g. "policy loss, policy gradient"); a mini-batch of empty responses has nothing to learn.
 
     batch: "values", "returns" [B, T]; for the policy also "old_logprobs", "advantages" [B, T] and
     "positive" [B] bool. train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the
@@ -615,19 +676,24 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
     for m in models.values():
         m.train()
-    stats, skipped = Mean(), 0
+    stats, skipped, causes = Mean(), 0, []
     for _ in range(cfg.ppo_epochs):
-        for mb in torch.randperm(rollout.B).split(cfg.mini_batch_size):
+        # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
+        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(cfg.mini_batch_size):
             mask = rollout.response_mask[mb]  # [b, T]
             n_tokens = float(mask.sum())
+            if n_tokens == 0:  # only empty responses: no token to learn from, nothing to step
+                continue
             n_seqs = float((mask.sum(-1) > 0).sum())
             n_positive = float((mask * batch["positive"][mb, None]).sum()) if train_policy else 0.0
-            finite = True
+            mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
             for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
                 sub = rollout.select(micro)  # trimmed to its own longest prompt and response
                 d = {k: v[micro][:, :sub.T] if v.dim() == 2 else v[micro] for k, v in batch.items()}
                 m = sub.response_mask
                 weight = float(m.sum())
+                if weight == 0:  # empty responses only: they add nothing to a loss over tokens
+                    continue
                 if train_policy:
                     with amp:
                         logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
@@ -638,33 +704,40 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                         nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
                         loss = loss + cfg.mu * nll
                         micro_positive = float((m * d["positive"][:, None]).sum())
-                        stats.add({"nll_loss": nll.item() * n_positive / max(micro_positive, 1)}, micro_positive)
-                    finite &= bool(torch.isfinite(loss))
+                        mb_stats.add({"nll_loss": nll.item() * n_positive / max(micro_positive, 1)}, micro_positive)
+                    if not torch.isfinite(loss):
+                        bad.append("policy loss")
                     loss.backward()
-                    stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
+                    mb_stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
                 if critic is not None:
                     with amp:
                         values = response_values(critic, sub)  # [b, T]
                     v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip,
                                                  "token-mean", n_tokens)
-                    finite &= bool(torch.isfinite(v_loss))
+                    if not torch.isfinite(v_loss):
+                        bad.append("value loss")
                     v_loss.backward()
-                    stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
+                    mb_stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
             for name, model in models.items():
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                finite &= bool(torch.isfinite(norm))
-                stats.add({f"grad_norm/{name}": norm.item()})
-            if finite:
+                if not torch.isfinite(norm):
+                    bad.append(f"{name} gradient")
+                mb_stats.add({f"grad_norm/{name}": norm.item()})
+            if not bad:
                 for name in models:
                     optimizers[name][0].step()
                     optimizers[name][1].step()
-            else:
+                stats.merge(mb_stats)
+            else:  # nothing of it is applied or averaged into the step's figures
                 skipped += 1
-                log.warning("non-finite loss or gradient in a mini-batch: skipped its optimizer step")
+                causes.append(", ".join(dict.fromkeys(bad)))
+                log.warning("non-finite %s in a mini-batch: its optimizer step is skipped", causes[-1])
             for name, model in models.items():
                 optimizers[name][0].zero_grad(set_to_none=True)
     out = stats.result()
     out["skipped_nonfinite"] = skipped
+    if causes:
+        out["nonfinite_cause"] = "; ".join(dict.fromkeys(causes))
     return out
 
 
@@ -724,6 +797,11 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     return record
 
 
+# Logged figures that are NaN by definition when undefined (not a fault): explained variance when every return
+# is the same (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
+UNDEFINED_AS_NAN = ("explained_variance", "groups_all_same")
+
+
 def group_all_same(scores: torch.Tensor, G: int) -> float:
     """Share of prompts whose G samples all got the same reward (their group-relative signal is zero)."""
     if G < 2:
@@ -736,18 +814,23 @@ def group_all_same(scores: torch.Tensor, G: int) -> float:
 # Value pretraining, evaluation
 # ==================================================================================================================
 
-def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifier, workers, emit) -> None:
+def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifier, workers, emit,
+                   progress: dict | None = None, should_stop=lambda: False) -> bool:
     """Technique 1, Value-Pretraining (section 3.1): critic-only steps on rollouts of the frozen initial policy,
     targets = Monte-Carlo returns (GAE with lambda = 1: every token's target is the final reward).
 
     The explained variance of each step is measured on that step's fresh rollouts *before* the critic trains on
     them, so it is a held-out figure. Stops after value_pretrain_steps, or earlier once the mean of the last 3
-    reaches value_pretrain_ev."""
+    reaches value_pretrain_ev.
+
+    progress = {"step": steps done, "recent": last explained variances} is updated in place (a resumed run passes
+    the checkpoint's); should_stop() is asked after each step. Returns True when pretraining is finished, False
+    when it stopped early on request (the caller checkpoints progress)."""
     from gae import gae
     from losses import explained_variance
     from rollout import score_rollout
-    recent: list[float] = []
-    for step in range(cfg.value_pretrain_steps):
+    progress = progress if progress is not None else {"step": 0, "recent": []}
+    for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
         prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1)  # its own stream of prompts
         rollout, scores, _ = sample_and_score(engine, prompts, cfg, verifier, workers)
@@ -758,13 +841,19 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         ev = explained_variance(values, returns, mask)
         batch = {"values": values, "returns": returns}
         stats = update(policy, critic, optimizers, rollout, batch, cfg, train_policy=False)
-        recent = (recent + [ev])[-3:]
-        emit({"value_pretrain_step": step + 1, "value_loss": stats["value_loss"], "explained_variance": ev,
+        progress["recent"] = (progress["recent"] + [ev])[-3:]
+        progress["step"] = step + 1
+        emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss",) if k in stats},
+              "explained_variance": ev, "skipped_nonfinite": stats["skipped_nonfinite"],
               "train_acc": (scores > 0).float().mean().item(), "response_len": rollout.lengths.float().mean().item(),
               "time/step": time.perf_counter() - t0})
+        recent = progress["recent"]
         if cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
-            break
+            return True
+        if step + 1 < cfg.value_pretrain_steps and should_stop():
+            return False
+    return True
 
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier, workers) -> dict[str, float]:
@@ -788,30 +877,49 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier, workers) -> dict[s
 # Run folder: config, metrics, checkpoints, plots
 # ==================================================================================================================
 
-class Run:
-    """The run folder: config.json, metrics.jsonl (one flat JSON object per line), checkpoint/, curves.png."""
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint", "checkpoint.prev", "checkpoint.tmp", "checkpoint.old",
+             "critic_pretrained", "curves.png")
 
-    def __init__(self, cfg: Config):
+
+class Run:
+    """The run folder: config.json, metrics.jsonl (one flat JSON object per line), checkpoint/ (the latest
+    verified checkpoint) and checkpoint.prev/ (the one before it, the fallback), critic_pretrained/, curves.png.
+
+    A folder that already holds a run (any of RUN_FILES) is only reused to resume it, or emptied first with
+    overwrite=True: two runs never mix their records. Other files there (a redirected log) are left alone."""
+
+    def __init__(self, cfg: Config, resume: bool = False, overwrite: bool = False):
         self.dir = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        existing = [f for f in RUN_FILES if os.path.exists(os.path.join(self.dir, f))]
+        if existing and not resume:
+            if not overwrite:
+                raise SystemExit(f"--output-dir {self.dir}: already holds a run ({', '.join(existing)}). Continue it "
+                                 f"with --resume {self.dir}, or start over with --overwrite (deletes those files).")
+            log.warning("--overwrite: deleting the earlier run's %s in %s", ", ".join(existing), self.dir)
+            for f in existing:
+                path = os.path.join(self.dir, f)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         os.makedirs(self.dir, exist_ok=True)
         self.metrics_path = os.path.join(self.dir, "metrics.jsonl")
         self.t0 = time.perf_counter()
         self.writer = None
         if cfg.report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+            from torch.utils.tensorboard import SummaryWriter  # present: check_inputs checked it
             self.writer = SummaryWriter(self.dir)
         elif cfg.report_to == "wandb":
             import wandb
             self.writer = wandb.init(project="vapo", config=dataclasses.asdict(cfg), dir=self.dir)
 
     def save_config(self, cfg: Config):
-        with open(os.path.join(self.dir, "config.json"), "w") as fh:
-            json.dump(dataclasses.asdict(cfg), fh, indent=2)
+        _write_atomic(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
 
     def emit(self, record: dict):
+        """Append one record as one line, written by one call and flushed, so a kill leaves at most a torn last
+        line (records() drops it)."""
         record["time/elapsed"] = time.perf_counter() - self.t0  # seconds since this process started the run
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
+            fh.flush()
         step = record.get("step", record.get("value_pretrain_step", 0))
         if self.writer is not None and hasattr(self.writer, "add_scalar"):
             for k, v in record.items():
@@ -820,104 +928,280 @@ class Run:
         elif self.writer is not None:
             self.writer.log(record)
 
+    def records(self) -> list[dict]:
+        """The logged records; a line that is not a JSON object (a write torn by a kill or a full disk) is
+        dropped with a warning naming its line."""
+        if not os.path.exists(self.metrics_path):
+            return []
+        out = []
+        with open(self.metrics_path, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    if not isinstance(record, dict):
+                        raise ValueError("not an object")
+                    out.append(record)
+                except ValueError:
+                    log.warning("%s, line %d: not a complete record (torn by a kill?): dropped", self.metrics_path,
+                                number)
+        return out
+
     def samples_generated(self) -> int:
         """Responses generated by the RL steps logged so far (for --max-samples on resume)."""
-        if not os.path.exists(self.metrics_path):
-            return 0
-        with open(self.metrics_path) as fh:
-            return sum(json.loads(line).get("samples_generated", 0) for line in fh if line.strip())
+        return sum(r.get("samples_generated", 0) for r in self.records())
 
-    def truncate_metrics(self, step: int):
-        """On resume, drop logged steps after the checkpoint (they will be run again)."""
-        if not os.path.exists(self.metrics_path):
-            return
-        with open(self.metrics_path) as fh:
-            kept = [line for line in fh if json.loads(line).get("step", 0) <= step]
-        with open(self.metrics_path, "w") as fh:
-            fh.writelines(kept)
+    def truncate_metrics(self, step: int, pretrain_steps: int | None = None):
+        """On resume, keep only what the checkpoint covers: records up to RL step `step` and, while value
+        pretraining is unfinished (pretrain_steps not None), its first pretrain_steps records and no RL record.
+        The rest will be run and logged again; torn lines go too."""
+        def covered(r):
+            if "value_pretrain_step" in r:
+                return pretrain_steps is None or r["value_pretrain_step"] <= pretrain_steps
+            return r.get("step", 0) <= step
+        kept = [r for r in self.records() if covered(r)]
+        _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool):
+def _write_atomic(path: str, text: str):
+    """Write a small text file so that a kill leaves either the old or the new content, never a mix."""
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def _fault_point(name: str):
+    """Fault injection for the kill harness (tests/test_faults.py): with VAPO_FAULT_POINT=name in the environment,
+    the process kills itself with SIGKILL here, as a scheduler or the OOM killer might. Nothing otherwise."""
+    if os.environ.get("VAPO_FAULT_POINT") == name:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_tree(folder: str):
+    for root, _, files in os.walk(folder):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def save_pretrained_atomic(model, folder: str, tokenizer=None):
+    """model.save_pretrained into folder.tmp, then renamed to folder: a kill never leaves a half-written folder."""
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    _fsync_tree(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+
+
+def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool,
+                    pretrain: dict | None = None):
     """checkpoint/ = policy/ and critic/ (Hugging Face format), state.pt (optimizers, schedulers, RNG states,
-    step). Written to checkpoint.tmp, then swapped in, so a run killed mid-write keeps its previous checkpoint."""
-    final, tmp, old = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    step; `pretrain` = {"step", "recent"} while value pretraining is unfinished).
+
+    Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then
+    swapped in; the checkpoint it replaces becomes checkpoint.prev, the fallback if the new one is ever found
+    damaged. A kill at any moment leaves at least one complete checkpoint (once the first has been written)."""
+    final, tmp, prev = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.prev"))
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(os.path.join(tmp, "policy"))
     tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+    _fault_point("checkpoint:policy-written")
     if critic is not None:  # GRPO and DAPO have none
         critic.save_pretrained(os.path.join(tmp, "critic"))
-    torch.save({"step": step, "value_pretrained": value_pretrained,
+    torch.save({"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
                 "optimizers": {k: (o.state_dict(), s.state_dict()) for k, (o, s) in optimizers.items()},
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}},
                os.path.join(tmp, "state.pt"))
+    _fault_point("checkpoint:state-written")
+    _fsync_tree(tmp)
+    read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
     if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(prev, ignore_errors=True)
+        os.replace(final, prev)
+        _fault_point("checkpoint:between-renames")
+    os.replace(tmp, final)
+    shutil.rmtree(os.path.join(run.dir, "checkpoint.old"), ignore_errors=True)  # the layout before .prev
 
 
-def load_checkpoint(run: Run, policy, critic, optimizers) -> tuple[int, bool]:
-    """Restore weights, optimizers and RNG from the run's checkpoint -> (step, value_pretrained)."""
+class CheckpointError(Exception):
+    """A checkpoint folder that cannot be read back; the message names the file."""
+
+
+def read_checkpoint(path: str, with_critic: bool) -> dict:
+    """Every file of a checkpoint folder, read: {"policy": state dict, "critic": state dict or None, "state": the
+    state.pt dict}. Raises CheckpointError naming the missing or unreadable file."""
     from safetensors.torch import load_file
-    path = os.path.join(run.dir, "checkpoint")
-    if not os.path.exists(path) and os.path.exists(path + ".old"):  # killed between the two renames
-        path += ".old"
-    if not os.path.exists(os.path.join(path, "state.pt")):
-        raise SystemExit(f"--resume {run.dir}: no checkpoint there to resume from")
-    for name, model in (("policy", policy), ("critic", critic)):
-        if model is None:
-            continue
-        files = [f for f in os.listdir(os.path.join(path, name)) if f.endswith(".safetensors")]
+
+    def weights(name):
+        folder = os.path.join(path, name)
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        if not files:
+            raise CheckpointError(f"{folder}: no .safetensors weights")
         state = {}
         for f in files:
-            state.update(load_file(os.path.join(path, name, f)))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "
-                             f"unexpected {unexpected}")
-    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
-    for k, (opt_state, sched_state) in state["optimizers"].items():
-        optimizers[k][0].load_state_dict(opt_state)
-        optimizers[k][1].load_state_dict(sched_state)
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
-    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return state["step"], state["value_pretrained"]
+            try:
+                state.update(load_file(os.path.join(folder, f)))
+            except Exception as err:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
+                raise CheckpointError(f"{os.path.join(folder, f)}: unreadable ({type(err).__name__}: {err})") from err
+        return state
+
+    out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
+    state_path = os.path.join(path, "state.pt")
+    try:
+        out["state"] = torch.load(state_path, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - a truncated zip, a missing file, a pickle error
+        raise CheckpointError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(out["state"], dict) or not {"step", "optimizers", "rng"} <= out["state"].keys():
+        raise CheckpointError(f"{state_path}: not a vapo training state")
+    return out
+
+
+def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
+    """Restore weights, optimizers and RNG from the run's newest readable checkpoint (checkpoint/, else
+    checkpoint.prev/ with a warning naming what was wrong) -> its state dict ({"step", "value_pretrained",
+    "pretrain"}), or None if the run has no complete checkpoint (killed before its first one finished)."""
+    candidates = [os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.prev", "checkpoint.old")]
+    candidates = [c for c in candidates if os.path.exists(c)]
+    for i, path in enumerate(candidates):
+        try:
+            saved = read_checkpoint(path, critic is not None)
+        except CheckpointError as err:
+            later = candidates[i + 1:]
+            log.warning("checkpoint %s is damaged: %s; %s", path, err,
+                        f"falling back to {later[0]}" if later else "no earlier checkpoint to fall back to")
+            if not later:
+                raise SystemExit(f"--resume {run.dir}: no readable checkpoint ({err})") from None
+            continue
+        for name, model in (("policy", policy), ("critic", critic)):
+            if model is None:
+                continue
+            missing, unexpected = model.load_state_dict(saved[name], strict=False)
+            missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+            if missing or unexpected:
+                raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "
+                                 f"unexpected {unexpected}")
+        state = saved["state"]
+        for k, (opt_state, sched_state) in state["optimizers"].items():
+            optimizers[k][0].load_state_dict(opt_state)
+            optimizers[k][1].load_state_dict(sched_state)
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        log.info("resuming from %s (step %d)", path, state["step"])
+        return {"step": state["step"], "value_pretrained": state["value_pretrained"],
+                "pretrain": state.get("pretrain")}
+    return None
 
 
 # ==================================================================================================================
 # The training loop
 # ==================================================================================================================
 
-def train(cfg: Config, resume: bool = False) -> str:
-    """Run VAPO with cfg; returns the run folder."""
+class StopRequest:
+    """SIGTERM (what SLURM and other schedulers send before a kill) and SIGINT (Ctrl-C) during train(): the first
+    one is remembered and the loop stops at its next safe point (after the step or pretraining step under way),
+    writes a checkpoint and returns; a second Ctrl-C interrupts at once, without saving."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: the user means it
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s received: stopping after the current step with a checkpoint (Ctrl-C again quits without "
+                    "saving)", self.signal_name)
+
+    def __exit__(self, *exc):
+        import signal
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def check_inputs(cfg: Config):
+    """What can be checked before any model or data loads, beyond Config.validate: local model folders exist,
+    the logging package of --report-to is installed. SystemExit with the option and the fix."""
+    import importlib.util
+    for option, name in (("--model", cfg.model), ("--value-model", cfg.value_model)):
+        if name in (None, "builtin"):
+            continue
+        local = name.startswith((".", "/", "~")) or name.endswith("/") or os.sep in name.strip("/").split("/", 1)[-1]
+        if local and not os.path.isdir(os.path.expanduser(name)):
+            raise SystemExit(f"{option} {name}: no such folder (a local model is a folder written by "
+                             f"save_pretrained; a hub model is named org/name)")
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(cfg.report_to)
+    if package and importlib.util.find_spec(package) is None:
+        raise SystemExit(f"--report-to {cfg.report_to}: the {package} package is not installed "
+                         f"(pip install {package}), or use --report-to none")
+
+
+def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
+    """Run VAPO with cfg; returns the run folder. resume: continue the run in cfg.output_dir from its newest
+    readable checkpoint (from the start, if it has none yet); overwrite: start over in a folder that holds a run."""
     from rollout import HFEngine
     from tqdm import tqdm
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = pick_device(cfg)
-    run = Run(cfg)
+    check_inputs(cfg)
+    if not cfg.builtin:  # the data is read and checked before the model, which may take minutes to load
+        from models import load_tokenizer
+        rows, held_out = load_data(cfg, load_tokenizer(cfg.model))
+    run = Run(cfg, resume=resume, overwrite=overwrite)
     run.save_config(cfg)
     log.info("run folder %s; config:\n%s", run.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
 
     policy, critic, tokenizer = load_models(cfg, device)
-    rows, held_out = load_data(cfg, tokenizer)
+    if cfg.builtin:
+        rows, held_out = load_data(cfg, tokenizer)
     verifier, workers = verifier_for(cfg)
+    check_gold_answers(held_out, verifier, workers)
     engine = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       top_p=cfg.top_p)
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
     if critic is not None:
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
 
-    start, value_done = 0, False
+    start, value_done, pretrain = 0, False, {"step": 0, "recent": []}
+    pretrained_critic = os.path.join(run.dir, "critic_pretrained")
     if resume:
-        start, value_done = load_checkpoint(run, policy, critic, optimizers)
-        run.truncate_metrics(start)
-        log.info("resumed from step %d", start)
+        saved = load_checkpoint(run, policy, critic, optimizers)
+        if saved is not None:
+            start, value_done = saved["step"], saved["value_pretrained"]
+            pretrain = saved["pretrain"] or pretrain
+            run.truncate_metrics(start, None if value_done else pretrain["step"])
+            log.info("resumed from step %d%s", start, "" if value_done else
+                     f" (value pretraining step {pretrain['step']})")
+        elif critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
+            from models import load_value_model  # killed while writing the first checkpoint: keep the pretraining
+            critic.load_state_dict(load_value_model(pretrained_critic, dtype=torch.float32, device=device).state_dict())
+            value_done = True
+            run.truncate_metrics(0)
+            log.warning("no complete checkpoint in %s: starting the RL phase from step 0 with the critic of "
+                        "critic_pretrained/", run.dir)
+        else:
+            run.truncate_metrics(-1, 0)
+            log.warning("no complete checkpoint in %s: starting the run from the beginning", run.dir)
 
     def run_eval(step):
         if held_out:
@@ -925,41 +1209,89 @@ def train(cfg: Config, resume: bool = False) -> str:
             run.emit(record)
             log.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in record.items()})
 
-    if start == 0 and not value_done:
-        run_eval(0)  # the base model's accuracy
-        if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
-            pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, workers, run.emit)
-            critic.save_pretrained(os.path.join(run.dir, "critic_pretrained"))
-            optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)  # fresh warmup for the RL phase
-        value_done = True
-        save_checkpoint(run, 0, policy, critic, tokenizer, optimizers, value_done)
+    with StopRequest() as stop:
+        def stopped(step: int) -> bool:
+            if stop.signal_name is None:
+                return False
+            log.warning("stopped by %s with a checkpoint at step %d. Continue with: python vapo.py --resume %s",
+                        stop.signal_name, step, run.dir)
+            return True
 
-    generated = run.samples_generated()  # 0 unless resumed
-    if cfg.max_samples is not None and generated >= cfg.max_samples:
-        log.info("--max-samples %d already reached (%d generated): no step left to run", cfg.max_samples, generated)
-        start = cfg.steps
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=cfg.algo.upper(), dynamic_ncols=True)
-    for step in bar:
-        record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, workers)
-        run.emit(record)
-        generated += record["samples_generated"]
-        bar.set_postfix({k: f"{record[key]:{fmt}}" for k, key, fmt in (
-            ("acc", "train_acc", ".2f"), ("len", "response_len", ".0f"), ("ev", "explained_variance", ".2f"),
-            ("s", "time/step", ".1f")) if key in record}, refresh=False)
-        done = step + 1
-        last = done == cfg.steps or (cfg.max_samples is not None and generated >= cfg.max_samples)
-        if last or (cfg.eval_every and done % cfg.eval_every == 0):
-            run_eval(done)
-            plot(run)
-        if last or (cfg.save_every and done % cfg.save_every == 0):
-            save_checkpoint(run, done, policy, critic, tokenizer, optimizers, value_done)
-        if last:
-            if done < cfg.steps:
-                log.info("stopping after step %d: %d samples generated (--max-samples %d)", done, generated,
-                         cfg.max_samples)
-            break
+        if start == 0 and not value_done:
+            if pretrain["step"] == 0:
+                run_eval(0)  # the base model's accuracy
+            if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
+                finished = pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, workers, run.emit,
+                                          pretrain, should_stop=lambda: stop.signal_name is not None)
+                if not finished:
+                    save_checkpoint(run, 0, policy, critic, tokenizer, optimizers, False, pretrain)
+                    stopped(0)
+                    return run.dir
+                save_pretrained_atomic(critic, pretrained_critic)
+                _fault_point("pretrained-critic-written")
+                optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)  # fresh warmup for the RL phase
+            value_done = True
+            save_checkpoint(run, 0, policy, critic, tokenizer, optimizers, value_done)
+
+        generated = run.samples_generated()  # 0 unless resumed
+        if cfg.max_samples is not None and generated >= cfg.max_samples:
+            log.info("--max-samples %d already reached (%d generated): no step left to run", cfg.max_samples,
+                     generated)
+            start = cfg.steps
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=cfg.algo.upper(),
+                   dynamic_ncols=True)
+        nonfinite_streak = 0
+        for step in bar:
+            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, workers)
+            run.emit(record)
+            _fault_point("step-logged")
+            generated += record["samples_generated"]
+            bar.set_postfix({k: f"{record[key]:{fmt}}" for k, key, fmt in (
+                ("acc", "train_acc", ".2f"), ("len", "response_len", ".0f"), ("ev", "explained_variance", ".2f"),
+                ("s", "time/step", ".1f")) if key in record}, refresh=False)
+            done = step + 1
+            nonfinite_streak = nonfinite_streak + 1 if record.get("skipped_nonfinite", 0) else 0
+            if nonfinite_streak >= cfg.max_nonfinite_steps:
+                save_checkpoint(run, done, policy, critic, tokenizer, optimizers, value_done)
+                raise SystemExit(
+                    f"vapo: stopped at step {done}: {nonfinite_streak} consecutive steps had a non-finite loss or "
+                    f"gradient ({record.get('nonfinite_cause', 'see the log')}); their updates were skipped, so the "
+                    f"checkpoint in {run.dir} holds the last finite weights. Lower --actor-lr/--critic-lr or check "
+                    f"the data, then continue with --resume {run.dir} (--max-nonfinite-steps sets the limit).")
+            last = done == cfg.steps or (cfg.max_samples is not None and generated >= cfg.max_samples)
+            if last or (cfg.eval_every and done % cfg.eval_every == 0):
+                run_eval(done)
+                plot(run)
+            if last or (cfg.save_every and done % cfg.save_every == 0) or stop.signal_name:
+                save_checkpoint(run, done, policy, critic, tokenizer, optimizers, value_done)
+            if last:
+                if done < cfg.steps:
+                    log.info("stopping after step %d: %d samples generated (--max-samples %d)", done, generated,
+                             cfg.max_samples)
+                break
+            if stopped(done):
+                break
     plot(run)
     return run.dir
+
+
+def check_gold_answers(rows: list[dict], verifier, workers, max_bad_share: float = 0.05):
+    """Score each held-out gold answer, stated as a response, against itself before training: a gold the verifier
+    cannot read would score every sample -1 and train on noise. Stops with the rows named when more than
+    max_bad_share of them fail; a smaller share is logged with the rows (they can only ever score -1)."""
+    from reward import arith_reward, check_golds, math_reward
+    if not rows or verifier not in (arith_reward, math_reward):  # a verifier of another kind judges otherwise
+        return
+    bad = check_golds([r["answer"] for r in rows], verifier, num_workers=workers)
+    if not bad:
+        return
+    shown = "; ".join(f"row {i + 1}: {rows[i]['answer'][:60]!r}" for i in bad[:5])
+    message = (f"{len(bad)} of {len(rows)} held-out gold answers do not verify against themselves ({shown}"
+               f"{' ...' if len(bad) > 5 else ''}): the verifier cannot read them")
+    if len(bad) > max_bad_share * len(rows):
+        raise SystemExit(f"vapo: {message}. Check --answer-field and the answer format (GSM8K's '#### 42' is read; "
+                         f"a worked solution is not an answer).")
+    log.warning("%s; they are kept and will score -1", message)
 
 
 def plot(run: Run):
@@ -973,8 +1305,8 @@ def plot(run: Run):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    cfg, resume = config_from_args(argv)
-    run_dir = train(cfg, resume=resume is not None)
+    cfg, resume, overwrite = config_from_args(argv)
+    run_dir = train(cfg, resume=resume is not None, overwrite=overwrite)
     print(f"done: {run_dir}")
 
 

@@ -162,7 +162,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", default=[r for r, _, _ in ROWS], help="rows to run (default: all)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=40, help="RL steps of a row without dynamic sampling")
+    ap.add_argument("--steps", type=int, default=24, help="RL steps of a row without dynamic sampling (the budget "
+                    "is STEPS x the demo's 128 samples per step)")
+    ap.add_argument("--base", default="shipped", help="base model: shipped, seedN or weak (built into the cache "
+                    "first, minutes; see bench/demo_seeds.py) or a folder")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "ablation"))
     ap.add_argument("--quick", action="store_true", help="2 steps of every row, seed 0, tiny evaluations")
@@ -181,8 +184,13 @@ def main():
         common = ["--eval-every", str(max(args.steps // 4, 1)), "--eval-prompts", "100", "--eval-samples", "2"]
         budget = args.steps * PRESETS["demo"]["prompts_per_step"] * PRESETS["demo"]["samples_per_prompt"]
     common += ["--steps", str(args.steps * 3), "--max-samples", str(budget), "--save-every", "0"]
+    base = demo_seeds.resolve_base(args.base)
+    demo_seeds.build_missing({args.base: base}, 1)
+    if args.base != "shipped":
+        common += ["--model", base]
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    print(f"machine: {demo_seeds.machine()}\ndate: {started}\nbudget: {budget} generated samples per run", flush=True)
+    print(f"machine: {demo_seeds.machine()}\ndate: {started}\nbase model: {args.base} ({base})\n"
+          f"budget: {budget} generated samples per run", flush=True)
     chosen = [(r, p, o) for r, p, o in ROWS if r in args.rows]
     if any(r in SHARES_CRITIC for r, _, _ in chosen) and "VAPO" not in args.rows:
         chosen = [ROWS[3]] + chosen  # the rows that share a critic need VAPO's runs
@@ -196,12 +204,14 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     plot(rows, os.path.join(args.out, "ablation.png"), args.seeds, args.out)
     report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s\n"
+              f"base model: {args.base}\n"
               f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n")
     print("\n" + report)
     with open(os.path.join(args.out, "ablation.md"), "w") as fh:
         fh.write(report)
     with open(os.path.join(args.out, "ablation.json"), "w") as fh:
-        json.dump({"machine": demo_seeds.machine(), "date": started, "seeds": args.seeds, "budget": budget,
+        json.dump({"machine": demo_seeds.machine(), "date": started, "base": args.base, "seeds": args.seeds,
+                   "budget": budget,
                    "rows": rows}, fh, indent=1)
     missing = [r["row"] for r in rows if r.get("seeds", 0) < len(args.seeds)]
     if missing:

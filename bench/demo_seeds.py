@@ -14,6 +14,9 @@ Base models (`--bases`):
 - `seedN`: the same recipe with warm-start seed N (`python task.py build --seed N`), a stand-in for the base
   model another CPU would build (floating-point kernels differ between CPUs, so a rebuild elsewhere is a different
   model); built once into the cache ($VAPO_CACHE or .cache/) if missing, several builds in parallel;
+- `weak`: the same recipe stopped after 700 warm-start steps instead of 2,000 (`python task.py build --steps
+  700`), a base still imprecise at the arithmetic itself, so RL has more to learn than one habit; built once
+  into the cache;
 - any folder holding a base model (e.g. one built on another machine).
 
 Prints, per run and in summary, the held-out gains (avg@k and greedy, last evaluation minus the base model's),
@@ -56,20 +59,26 @@ def machine() -> str:
             f"{torch.backends.cpu.get_cpu_capability()}), Python {platform.python_version()}, {platform.system()}")
 
 
+WEAK_STEPS = 700  # warm-start steps of the `weak` base model (the full recipe has task.SFT_STEPS)
+
+
 def resolve_base(name: str) -> str:
     """A base model folder for `shipped`, `seedN` or a path (see the module docstring)."""
     if name == "shipped":
         return task.SHIPPED_BASE
     if name.startswith("seed") and name[4:].isdigit():
         return task.cache_path(f"{task.BASE_NAME}-{name}")
+    if name == "weak":
+        return task.cache_path(f"{task.BASE_NAME}-sft{WEAK_STEPS}")
     if os.path.isdir(name):
         return os.path.abspath(name)
-    raise SystemExit(f"--bases: {name!r} is neither 'shipped', 'seedN' nor a folder")
+    raise SystemExit(f"--bases: {name!r} is neither 'shipped', 'seedN', 'weak' nor a folder")
 
 
 def build_missing(bases: dict[str, str], jobs: int) -> None:
-    """Build the `seedN` base models that are not in the cache yet, `jobs` builds at a time, one thread each."""
-    todo = {n: p for n, p in bases.items() if n.startswith("seed") and not os.path.exists(
+    """Build the `seedN` and `weak` base models that are not in the cache yet, `jobs` builds at a time, one
+    thread each."""
+    todo = {n: p for n, p in bases.items() if (n.startswith("seed") or n == "weak") and not os.path.exists(
         os.path.join(p, task.BUILD_INFO))}
     if not todo:
         return
@@ -78,7 +87,8 @@ def build_missing(bases: dict[str, str], jobs: int) -> None:
 
     def build(item):
         name, path = item
-        cmd = [sys.executable, "task.py", "build", "--seed", name[4:], "--out", path]
+        recipe = ["--steps", str(WEAK_STEPS)] if name == "weak" else ["--seed", name[4:]]
+        cmd = [sys.executable, "task.py", "build", *recipe, "--out", path]
         proc = subprocess.run(cmd, cwd=ROOT, env=one_thread_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"building {name} failed:\n{proc.stderr[-3000:]}")
@@ -120,13 +130,13 @@ def run_one(job: tuple[str, str, int, str, list[str]]) -> float | None:
 
 def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
     """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
-    holds a finished run (then None); an interrupted run (a checkpoint there) is resumed instead. Returns the
+    holds a finished run (then None); an interrupted run (its config.json there) is resumed instead. Returns the
     wall time in seconds, also written to run_dir/wall_seconds."""
     if finished(run_dir):
         return None
     cmd = [sys.executable, "vapo.py", *args]
-    if os.path.exists(os.path.join(run_dir, "checkpoint", "state.pt")):
-        cmd = [sys.executable, "vapo.py", "--resume", run_dir]  # an interrupted run continues
+    if os.path.exists(os.path.join(run_dir, "config.json")):
+        cmd = [sys.executable, "vapo.py", "--resume", run_dir]  # an interrupted run continues (or restarts)
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "stdout.log"), "a") as log:

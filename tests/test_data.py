@@ -1,6 +1,9 @@
-"""data.py: local JSONL / Parquet files, field mappings and presets, templates, malformed rows, offline hub names.
-Nothing is downloaded: hub datasets are replaced by a stand-in `datasets` module."""
+"""data.py: local JSONL / Parquet files, field mappings and presets, templates, malformed rows, offline hub names,
+GSM8K-form answers outside the GSM8K preset. Nothing is downloaded: hub datasets are replaced by a stand-in
+`datasets` module."""
 import json
+import logging
+import re
 import sys
 from types import SimpleNamespace
 
@@ -8,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, gsm8k_answer, load_prompts
+from data import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, gsm8k_answer, gsm8k_final_answer, load_prompts
 from task import build_tokenizer
 
 
@@ -100,13 +103,91 @@ def test_malformed_parquet_row(tmp_path):
 
 
 def test_missing_file_and_unknown_extension(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        load_prompts(str(tmp_path / "nope.jsonl"))
+    for name in ("nope.jsonl", "nope.parquet", "nope.JSONL"):
+        with pytest.raises(FileNotFoundError, match=rf"^{tmp_path / name}: no such file$"):
+            load_prompts(str(tmp_path / name))
     (tmp_path / "p.txt").write_text("x")
-    with pytest.raises(FileNotFoundError, match="not a .jsonl or .parquet"):
+    accepted = r"\(expected a local \.jsonl or \.parquet file, or a Hugging Face dataset name\)"
+    with pytest.raises(FileNotFoundError, match=rf"p\.txt: not a \.jsonl or \.parquet file {accepted}"):
         load_prompts(str(tmp_path / "p.txt"))
+    with pytest.raises(FileNotFoundError, match=rf"nope\.json: not a \.jsonl or \.parquet file {accepted}"):
+        load_prompts(str(tmp_path / "nope.json"))
+    (tmp_path / "dir.jsonl").mkdir()
+    for directory in (tmp_path, tmp_path / "dir.jsonl"):
+        with pytest.raises(FileNotFoundError, match=rf"^{directory}: a directory, not a \.jsonl .*{accepted}"):
+            load_prompts(str(directory))
     with pytest.raises(ValueError, match="unknown template"):
         load_prompts(str(tmp_path / "p.txt"), template="instruct")
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"question": "ok", "answer": "1"}\n\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 3: not valid UTF-8"):
+        load_prompts(str(path))
+    path.write_bytes(b'{"question": "caf\xc3\xa9", "answer": "2"}\r\n')  # valid UTF-8, CRLF line ends
+    assert load_prompts(str(path), template="raw")[0]["question"] == "caf\u00e9"
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"),  # JSON extensions Python's json accepts: floats
+    ('"nan"', "nan"), ('" INF "', "INF"), ('"-inf"', "-inf"), ('"+inf"', "+inf"), ('"Infinity"', "Infinity"),
+    ('"-infinity"', "-infinity"), ('"work\\n#### nan"', "nan"),
+])
+def test_non_finite_gold_answer_names_the_row(tmp_path, value, shown):
+    path = write_jsonl(tmp_path / "bad.jsonl", ['{"question": "ok", "answer": "1"}',
+                                                '{"question": "q", "answer": %s}' % value])
+    with pytest.raises(ValueError, match=rf"bad\.jsonl, line 2: gold answer '{re.escape(shown)}' is not a finite "
+                                         r"value$"):
+        load_prompts(path)
+
+
+def test_non_finite_gold_in_parquet_and_finite_lookalikes(tmp_path):
+    pq.write_table(pa.table({"question": ["a", "b"], "answer": [1.5, float("nan")]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet, row 2: gold answer 'nan' is not a finite value"):
+        load_prompts(str(tmp_path / "bad.parquet"))
+    golds = ["\\infty", "-\\infty", "infinite", "Nancy", "1e999", "inf+1"]  # answers, not a float's non-value
+    path = write_jsonl(tmp_path / "ok.jsonl", [{"question": "q", "answer": g} for g in golds])
+    assert [r["answer"] for r in load_prompts(path)] == golds
+
+
+def test_gsm8k_final_answer():
+    assert gsm8k_final_answer("She pays 3 * 400 = 1,200 dollars.\n#### 1,200") == "1200"
+    assert gsm8k_final_answer("#### 3\nlater\n####  -4 \r\nnote") == "-4"  # the last marker line, only its line
+    assert gsm8k_final_answer("12") is None and gsm8k_final_answer("a #### 5") is None  # not at a line start
+    with pytest.raises(ValueError, match="no answer after it"):
+        gsm8k_final_answer("work\n####  \n")
+
+
+def test_gsm8k_form_in_a_local_file_is_extracted_and_logged(tmp_path, caplog):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": "Q1?", "answer": "3 * 400 = 1,200\n#### 1,200"},
+                                              {"question": "Q2?", "answer": "#### 7"},
+                                              {"question": "Q3?", "answer": "5"},
+                                              {"question": "Q4?", "answer": 76}])
+    with caplog.at_level(logging.INFO, logger="data"):
+        rows = load_prompts(path, template="raw")
+    assert [r["answer"] for r in rows] == ["1200", "7", "5", "76"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "data"]
+    assert len(messages) == 1 and "2 rows read in GSM8K form" in messages[0] and "g.jsonl" in messages[0]
+    # an explicit answer_field still holds a worked solution: it is extracted too
+    path = write_jsonl(tmp_path / "h.jsonl", [{"q": "Q?", "solution": "2 + 2 = 4\n#### 4"}])
+    assert load_prompts(path, question_field="q", answer_field="solution")[0]["answer"] == "4"
+
+
+def test_gsm8k_marker_without_an_answer_names_the_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"question": "Q?", "answer": "#### 1"},
+                                                {"question": "Q?", "answer": "work\n####\t "}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: GSM8K final-answer line '####' has no answer"):
+        load_prompts(path)
+
+
+def test_gsm8k_form_under_another_dataset_name(monkeypatch, caplog):
+    fake_datasets(monkeypatch, [{"question": "Q?", "answer": "work\n#### 1,234"}])
+    with caplog.at_level(logging.INFO, logger="data"):
+        assert load_prompts("someone/gsm8k-copy")[0]["answer"] == "1234"
+    assert "someone/gsm8k-copy: 1 rows read in GSM8K form" in caplog.text
+    fake_datasets(monkeypatch, [{"question": "Q?", "answer": "work\n#### 1,234"}])
+    assert load_prompts("openai/gsm8k", answer_field="answer")[0]["answer"] == "1234"  # preset's field, explicit
 
 
 def test_gsm8k_preset(monkeypatch):

@@ -14,8 +14,8 @@ import pytest
 from math_verify import LatexExtractionConfig, parse, verify
 
 import reward
-from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, extract_answer, math_equal, math_reward,
-                    overlong_penalty, score_batch)
+from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, check_golds, extract_answer, math_equal,
+                    math_reward, overlong_penalty, score_batch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLACK_S = 4.0  # start-up of a replacement worker and a busy machine; a hang would take minutes
@@ -377,6 +377,105 @@ def test_oversized_responses_are_wrong_without_parsing(caplog):
         scores = score_batch(["a" * 101, "b"], ["x", "x"], must_not_run, num_workers=0, max_response_chars=100)
     assert scores == [WRONG_REWARD, CORRECT_REWARD]
     assert "1 longer than 100 chars" in caplog.text
+
+
+def test_stats_count_what_went_wrong_and_quiet_the_log(caplog):
+    responses = ["1", "hang", "raise", "x" * 101, "crash", "2"]
+    golds = ["1", "x", "x", "x", "x", "0"]
+    stats = {"reward/timeouts": 99, "other": 1}  # the call's counts replace earlier ones; other keys stay
+    with caplog.at_level(logging.DEBUG, logger="reward"):
+        scores = score_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=1.0,
+                             max_response_chars=100, stats=stats)
+    assert scores == [R, W, W, W, W, W]
+    assert stats == {"reward/timeouts": 1, "reward/errors": 2, "reward/oversized": 1, "other": 1}
+    assert all(type(v) is int for v in stats.values())
+    summary = [r for r in caplog.records if r.name == "reward" and r.getMessage().startswith("score_batch")]
+    assert len(summary) == 1 and summary[0].levelno == logging.DEBUG  # the caller logs the counts itself
+    assert "1 timed out" in summary[0].getMessage() and "2 failed" in summary[0].getMessage()
+    stats = {}
+    assert score_batch(["1"], ["1"], _fragile_verifier, num_workers=2, stats=stats) == [R]
+    assert stats == {"reward/timeouts": 0, "reward/errors": 0, "reward/oversized": 0}
+
+
+def test_math_verify_timeouts_are_counted_and_kept_off_the_log(caplog):
+    """math-verify's own timeout (2 s here) logs a WARNING quoting the answer and returns "not equal": counted
+    instead, in this process as in workers; the logger's settings are restored afterwards."""
+    math_verify_log = logging.getLogger("math_verify")
+    settings = math_verify_log.level, math_verify_log.propagate, list(math_verify_log.handlers)
+    stats = {}
+    with caplog.at_level(logging.DEBUG):
+        scores = score_batch([r"\boxed{(x+1)^{10000}}", "Answer: 5"], ["5", "5"], num_workers=0, stats=stats)
+    assert scores == [W, R]
+    assert stats["reward/timeouts"] == 1 and stats["reward/errors"] == 0
+    assert not [r for r in caplog.records if r.name.startswith("math_verify")]
+    assert "1 cut short by math-verify's own 2 s timeout" in caplog.text
+    assert (math_verify_log.level, math_verify_log.propagate, math_verify_log.handlers) == settings
+
+
+def test_math_verify_timeouts_in_workers_stay_off_the_console():
+    """A fresh worker's stderr is the console: math-verify's "Timeout during ..." lines must not reach it."""
+    code = ("import reward\n"
+            "if __name__ == '__main__':\n"
+            "    stats = {}\n"
+            "    print(reward.score_batch([r'\\boxed{9^{9^{9^9}}}', 'Answer: 5'], ['5', '5'], num_workers=1,\n"
+            "                             stats=stats), stats)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("[-1.0, 1.0] {'reward/timeouts': 1, 'reward/errors': 0, "
+                                  "'reward/oversized': 0}")
+    assert out.stderr == ""
+
+
+def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
+    """Under spawn, each worker imports the main script; one that calls score_batch at import time would try to
+    start workers of its own. That fails with one RuntimeError naming the fix, not multiprocessing's traceback
+    about the "bootstrapping phase" from every worker."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import reward\n"
+                      "print(reward.score_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's only: the worker exits quietly
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: score_batch: the scoring workers could not start")
+    assert 'if __name__ == "__main__":' in last and "num_workers=0" in last
+    assert "bootstrapping" not in out.stderr
+
+
+# --------------------------------------------------------------------------------------------------------
+# check_golds
+# --------------------------------------------------------------------------------------------------------
+
+READABLE_GOLDS = ["42", "-12", "0.5", r"\frac{1}{2}", r"\dfrac{9}{7}", r"\sqrt{51}", r"3\sqrt{2}", r"\{1, 2\}",
+                  "[1, 3)", r"(0,9) \cup (36,\infty)", r"\left( 3, \frac{\pi}{2} \right)", "x = 3", "p - q",
+                  "6 - 5i", r"\text{Evelyn}", r"\text{(C)}", r"5.4 \text{ cents}", r"1,\!008,\!016", r"1\,000",
+                  r"\begin{pmatrix} -1/3 \\ 2/3 \end{pmatrix}", r"90^\circ", r"50\%", r"\pi", "1,000"]
+GSM8K_SOLUTION = ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
+                  "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer's market.\n#### 18")
+
+
+def test_check_golds_math():
+    assert check_golds(READABLE_GOLDS, math_reward, num_workers=2) == []
+    golds = ["42", r"\frac{", GSM8K_SOLUTION, "12.", " ", r"\boxed{3", "42", "7}"]
+    assert check_golds(golds, math_reward, num_workers=2) == [1, 2, 3, 4, 5, 7]
+    # a partial's own `correct` value is what a readable gold scores
+    half = functools.partial(math_reward, correct=0.5, wrong=0.0)
+    assert check_golds(["42", r"\frac{"], half, num_workers=2) == [1]
+    assert check_golds(["42"], half, num_workers=2, correct=1.0) == [0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_check_golds_arith(num_workers):
+    golds = ["14", "-3", "007", "x", "1.5", "", "9" * 31, " 5 "]
+    assert check_golds(golds, arith_reward, num_workers=num_workers) == [3, 4, 5, 6]
+
+
+def test_check_golds_validates():
+    with pytest.raises(TypeError, match=r"golds\[1\]"):
+        check_golds(["1", 2], arith_reward)
+    assert check_golds([], math_reward) == []
 
 
 def test_custom_values_through_partial():

@@ -263,6 +263,19 @@ def test_by_length_orders_rows_by_total_length(tiny_policy, tokenizer):
     assert len(set(total.tolist())) > 1  # the rows really differ in length, so the order means something
 
 
+def test_by_length_returns_indices_on_the_rollouts_device(tiny_policy, tokenizer):
+    """The trainer draws its mini-batch order on the CPU and indexes the rollout's tensors (on the GPU, in a GPU
+    run) with what by_length returns; PyTorch refuses CPU tensors indexed by CUDA indices, so the result must live
+    on the rollout's device whatever idx's device. Checked here with the meta device, which this CPU has: a
+    rollout on "meta", indices on the CPU."""
+    r = HFEngine(tiny_policy, tokenizer, max_new_tokens=6).generate(PROMPTS, n=2, seed=0)
+    fields = {name: getattr(r, name) for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
+                                                  "lengths", "truncated", "sampler_logprobs", "prompt_index")}
+    on_meta = Rollout(**{k: v.to("meta") for k, v in fields.items()}, texts=r.texts, pad_id=r.pad_id)
+    assert by_length(on_meta, torch.randperm(on_meta.B)).device.type == "meta"
+    assert by_length(r, torch.randperm(r.B)).device == r.lengths.device
+
+
 def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_policy, tokenizer, monkeypatch):
     """Rows that finished are dropped from the batch and the KV cache mid-generation; the log-probs recomputed in
     one full forward pass still match the sampler's on every remaining token, so no row read another's cache."""

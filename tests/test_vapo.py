@@ -81,25 +81,25 @@ def test_help_shows_each_fields_documentation():
 
 
 def test_cli_overrides_preset_and_rejects_bad_values():
-    cfg, resume = vapo.config_from_args(["--steps", "7", "--no-clip-higher", "--value-clip", "0.5"])
+    cfg, resume, _ = vapo.config_from_args(["--steps", "7", "--no-clip-higher", "--value-clip", "0.5"])
     assert cfg.steps == 7 and not cfg.clip_higher and cfg.value_clip == 0.5 and resume is None
     assert cfg.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
-    cfg, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
+    cfg, _, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
     assert cfg.prompts_per_step == 512 and cfg.value_clip is None  # with --model: the paper's values
     with pytest.raises(SystemExit, match="--eps-high"):
         vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
 
 
 def test_algo_is_a_named_set_of_switches_under_the_users_options():
-    grpo, _ = vapo.config_from_args(["--algo", "grpo"])
+    grpo, _, _ = vapo.config_from_args(["--algo", "grpo"])
     assert grpo.algo == "grpo" and grpo.group_advantage and not grpo.value_pretraining
     assert not grpo.clip_higher and grpo.loss_agg == "seq-mean-token-mean" and not grpo.positive_nll
     assert grpo.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # still the demo's budget
-    ablated, _ = vapo.config_from_args(["--algo", "grpo", "--clip-higher"])  # what the user types wins
+    ablated, _, _ = vapo.config_from_args(["--algo", "grpo", "--clip-higher"])  # what the user types wins
     assert ablated.clip_higher and ablated.group_advantage
-    dapo, _ = vapo.config_from_args(["--algo", "dapo"])
+    dapo, _, _ = vapo.config_from_args(["--algo", "dapo"])
     assert dapo.dynamic_sampling and dapo.overlong_shaping and dapo.clip_higher and dapo.loss_agg == "token-mean"
-    ppo, _ = vapo.config_from_args(["--algo", "ppo"])
+    ppo, _, _ = vapo.config_from_args(["--algo", "ppo"])
     assert ppo.group_size == 1 and ppo.batch_size == vapo.config_from_args([])[0].batch_size  # same budget
     assert not (ppo.value_pretraining or ppo.decoupled_gae or ppo.length_adaptive or ppo.clip_higher)
     assert vapo.config_from_args(["--algo", "vapo"])[0] == dataclasses.replace(vapo.config_from_args([])[0],
