@@ -465,8 +465,12 @@ def load_models(cfg: Config, device: torch.device):
     if name == "builtin":
         from task import ensure_base_model
         name = ensure_base_model(log=log.info)
-    policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
-                                    gradient_checkpointing=cfg.gradient_checkpointing)
+    try:
+        policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
+                                        gradient_checkpointing=cfg.gradient_checkpointing)
+    except OSError as err:  # transformers' word for "no such model": not a folder here, not reachable on the hub
+        raise SystemExit(f"vapo: --model {cfg.model}: neither a model folder here nor a model the Hugging Face hub "
+                         f"gave ({str(err).splitlines()[0][:300]})") from None
     if cfg.group_advantage:
         critic = None
     elif cfg.value_model:
@@ -890,11 +894,8 @@ class Run:
 
     def __init__(self, cfg: Config, resume: bool = False, overwrite: bool = False):
         self.dir = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-        existing = [f for f in RUN_FILES if os.path.exists(os.path.join(self.dir, f))]
+        existing = Run.check_folder(self.dir, resume, overwrite)
         if existing and not resume:
-            if not overwrite:
-                raise SystemExit(f"--output-dir {self.dir}: already holds a run ({', '.join(existing)}). Continue it "
-                                 f"with --resume {self.dir}, or start over with --overwrite (deletes those files).")
             log.warning("--overwrite: deleting the earlier run's %s in %s", ", ".join(existing), self.dir)
             for f in existing:
                 path = os.path.join(self.dir, f)
@@ -909,6 +910,16 @@ class Run:
         elif cfg.report_to == "wandb":
             import wandb
             self.writer = wandb.init(project="vapo", config=dataclasses.asdict(cfg), dir=self.dir)
+
+    @staticmethod
+    def check_folder(folder: str | None, resume: bool, overwrite: bool) -> list[str]:
+        """The run files already in folder; SystemExit if there are some and neither resume nor overwrite is
+        set (called before any model loads, and again when the folder is set up)."""
+        existing = [f for f in RUN_FILES if folder and os.path.exists(os.path.join(folder, f))]
+        if existing and not resume and not overwrite:
+            raise SystemExit(f"--output-dir {folder}: already holds a run ({', '.join(existing)}). Continue it "
+                             f"with --resume {folder}, or start over with --overwrite (deletes those files).")
+        return existing
 
     def save_config(self, cfg: Config):
         _write_atomic(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
@@ -1164,18 +1175,18 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     random.seed(cfg.seed)
     device = pick_device(cfg)
     check_inputs(cfg)
+    Run.check_folder(cfg.output_dir, resume, overwrite)
     if not cfg.builtin:  # the data is read and checked before the model, which may take minutes to load
         from models import load_tokenizer
         rows, held_out = load_data(cfg, load_tokenizer(cfg.model))
-    run = Run(cfg, resume=resume, overwrite=overwrite)
-    run.save_config(cfg)
-    log.info("run folder %s; config:\n%s", run.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
-
     policy, critic, tokenizer = load_models(cfg, device)
     if cfg.builtin:
         rows, held_out = load_data(cfg, tokenizer)
     verifier, workers = verifier_for(cfg)
     check_gold_answers(held_out, verifier, workers)
+    run = Run(cfg, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
+    run.save_config(cfg)
+    log.info("run folder %s; config:\n%s", run.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
     engine = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                       top_p=cfg.top_p)
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
