@@ -12,10 +12,13 @@ The rows that pretrain the critic share one pretrained critic per seed: VAPO's r
 start from its critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts
 from a critic that knows nothing.
 
-Writes ablation.md, ablation.json and ablation.png (held-out accuracy against generated samples, mean and
-range over seeds per row) into --out. A finished run is read back, not run again, so an interrupted sweep
-resumes. The sweep's length is about rows x seeds x (STEPS x 5.5 s) / jobs on a 2-core machine; it has not
-been run in full yet.
+Writes ablation.md (the table, and a second one of what the techniques act on: the critic's explained
+variance, lambda_policy, clip fractions, KL, entropy), ablation.json and ablation.png (held-out accuracy against
+generated samples, mean and range over seeds per row) into --out. A finished run is read back, not run again,
+so an interrupted sweep resumes, and a finished sweep only rewrites its reports. `--base weak` runs the rows
+from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py), where RL has more to
+learn than one habit. The default sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core
+machine that was also running other jobs; README.md has its table and what it shows.
 """
 from __future__ import annotations
 
@@ -108,6 +111,21 @@ def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
         area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, _, y0), (x1, _, y1) in zip(pts, pts[1:]))
         return area / max(pts[-1][0] - pts[0][0], 1)
 
+    def rl_mean(key, first=None):  # a run's mean of a logged figure over its RL steps (or its first ones)
+        vals = []
+        for d, _ in done:
+            with open(os.path.join(d, "metrics.jsonl")) as fh:
+                steps = [json.loads(line) for line in fh if '"train_acc"' in line and '"step"' in line]
+            xs = [r[key] for r in steps[:first] if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+            if xs:
+                vals.append(statistics.mean(xs))
+        return statistics.mean(vals) if vals else None
+
+    out["diagnostics"] = {"ev_first5": rl_mean("explained_variance", 5), "ev": rl_mean("explained_variance"),
+                          "lam_policy": rl_mean("lam_policy"), "clip_frac": rl_mean("clip_frac"),
+                          "clip_frac_high": rl_mean("clip_frac_high"), "approx_kl": rl_mean("approx_kl"),
+                          "entropy": rl_mean("entropy"), "response_len": rl_mean("response_len"),
+                          "train_acc_first5": rl_mean("train_acc", 5), "train_acc": rl_mean("train_acc")}
     out.update({"avg_final": spread("avg_final"), "greedy_final": spread("greedy_final"),
                 "greedy_gain": spread("greedy_gain"), "len_ratio": spread("len_ratio"),
                 "greedy_auc": statistics.mean(auc(d) for d, _ in done),
@@ -129,6 +147,22 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['row']} | {r['paper_aime24']} | {pm(r['avg_final'])} | {pm(r['greedy_final'])} | "
                      f"{100 * r['greedy_auc']:.1f} | {r['len_ratio'][0]:.2f} | {r['samples']:.0f} | "
                      f"{r['collapsed']} of {r['seeds']} |")
+    return "\n".join(lines)
+
+
+def diagnostics_table(rows: list[dict]) -> str:
+    """What the techniques act on, per row (means over seeds of each run's mean over its RL steps): the critic's
+    explained variance (first 5 steps and all), lambda_policy, the clipped share of tokens (all, and at the upper
+    bound that clip-higher moves), approx KL, entropy, response length, training accuracy (first 5 steps, all)."""
+    keys = ["ev_first5", "ev", "lam_policy", "clip_frac", "clip_frac_high", "approx_kl", "entropy", "response_len",
+            "train_acc_first5", "train_acc"]
+    lines = ["| row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for r in rows:
+        d = r.get("diagnostics")
+        if d is None:
+            continue
+        cell = lambda v: "-" if v is None else (f"{v:.2e}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}")  # noqa: E731
+        lines.append(f"| {r['row']} | " + " | ".join(cell(d[k]) for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -205,7 +239,8 @@ def main():
     plot(rows, os.path.join(args.out, "ablation.png"), args.seeds, args.out)
     report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s\n"
               f"base model: {args.base}\n"
-              f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n")
+              f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n\n"
+              f"diagnostics (means over seeds of each run's mean over its RL steps):\n\n{diagnostics_table(rows)}\n")
     print("\n" + report)
     with open(os.path.join(args.out, "ablation.md"), "w") as fh:
         fh.write(report)

@@ -7,9 +7,9 @@ Runs `python vapo.py --preset demo` (value pretraining, evaluations every 100 st
 child process and samples its resident memory (VmRSS, from /proc) every half second, matching each sample to
 the RL step logged at that moment. By default a step has 4 prompts x 4 samples instead of 16 x 8, so that 500
 steps (500 rollouts, updates, checkpoints' worth of allocations: what a leak grows with) fit in minutes; the
-code path is the demo's. Reports the RSS after warm-up (at step --warmup) and at the end, the growth between
-them (target: < 5%), the peak, whether any logged number was not finite, and the exit code; writes soak.json
-and soak.png (RSS against step) into --out.
+code path is the demo's. Reports the median RSS over the 50 steps after warm-up (--warmup) and over the last
+50 steps, the growth between them (target: < 5%), the peak, whether any logged number was not finite, and the
+exit code; writes soak.json (with every RSS sample) and soak.png (RSS against step) into --out.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_seeds  # noqa: E402  (machine(), one_thread_env(), the repository root)
+
+WINDOW = 50  # steps per window whose median RSS is compared
 
 
 def rss_mb(pid: int) -> float | None:
@@ -73,7 +75,10 @@ def main():
     ap.add_argument("--full-batch", action="store_true", help="the demo's 16 prompts x 8 samples per step")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the run")
     ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "soak"))
+    ap.add_argument("--report", metavar="SOAK_JSON", help="only print the verdict of an earlier run's soak.json")
     args = ap.parse_args()
+    if args.report:
+        report(args.report, args.warmup, args.steps)
     run_dir = os.path.join(args.out, "run")
     cmd = [sys.executable, "vapo.py", "--preset", "demo", "--steps", str(args.steps), "--eval-every", "100",
            "--save-every", "100", "--output-dir", run_dir, "--overwrite"]
@@ -100,31 +105,49 @@ def main():
             time.sleep(0.5)
     wall = time.perf_counter() - t0
 
-    def rss_at(step):  # the median RSS while the run was at that step (after its record was logged)
-        at = sorted(r for _, s, r in samples if s == step)
-        return at[len(at) // 2] if at else None
-    final_step = logged_step(metrics)
-    base, end = rss_at(args.warmup), rss_at(final_step)
     result = {"machine": demo_seeds.machine(), "date": started, "command": " ".join(cmd), "exit_code": proc.returncode,
-              "steps_logged": final_step, "wall_seconds": round(wall), "rss_warmup_mib": base, "rss_end_mib": end,
-              "rss_peak_mib": max(r for _, _, r in samples),
-              "growth_after_warmup": (end - base) / base if base and end else None,
+              "steps_logged": logged_step(metrics), "wall_seconds": round(wall),
               "non_finite": non_finite(metrics) if os.path.exists(metrics) else ["no metrics.jsonl"]}
     with open(os.path.join(args.out, "soak.json"), "w") as fh:
         json.dump({**result, "samples": samples}, fh)
+    report(os.path.join(args.out, "soak.json"), args.warmup, args.steps)
+
+
+def window_median(samples, first: int, last: int) -> float | None:
+    """The median RSS (MiB) of the samples taken while the run was between RL steps first and last."""
+    rss = sorted(r for _, s, r in samples if first <= s <= last)
+    return rss[len(rss) // 2] if rss else None
+
+
+def report(path: str, warmup: int, steps: int):
+    """Print the verdict of a soak.json (also on its own: --report soak.json) and plot soak.png beside it.
+
+    Memory is compared as the median RSS over a window of WINDOW steps after warm-up against the median over the
+    last WINDOW steps: single readings swing by +-10% as the allocator reuses and returns memory of tensors of
+    varying sizes, the medians of windows do not."""
+    with open(path) as fh:
+        result = json.load(fh)
+    samples, final_step = result["samples"], result["steps_logged"]
+    base = window_median(samples, warmup, warmup + WINDOW)
+    end = window_median(samples, final_step - WINDOW, final_step)
+    growth = (end - base) / base if base and end else None
+    peak = max(r for _, _, r in samples)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot([s for _, s, _ in samples], [r for _, _, r in samples], ".", ms=2)
-    ax.set(xlabel="RL step", ylabel="RSS (MiB)", title=f"soak: {final_step} steps, {started}")
+    ax.plot([s for _, s, _ in samples], [r for _, _, r in samples], ".", ms=2, label="RSS, sampled every 0.5 s")
+    for (a, b), m in (((warmup, warmup + WINDOW), base), ((final_step - WINDOW, final_step), end)):
+        if m is not None:
+            ax.plot([a, b], [m, m], "r-", lw=2)
+    ax.set(xlabel="RL step", ylabel="RSS (MiB)", title=f"soak: {final_step} steps, {result['date']} (red: medians)")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "soak.png"), dpi=90)
-    growth = result["growth_after_warmup"]
-    print(f"\nexit code {proc.returncode}; {final_step} of {args.steps} steps in {wall:.0f} s; RSS at step "
-          f"{args.warmup} {base:.0f} MiB, at the end {end:.0f} MiB ({100 * growth:+.1f}%), peak "
-          f"{result['rss_peak_mib']:.0f} MiB; non-finite numbers: {len(result['non_finite'])}")
-    ok = proc.returncode == 0 and final_step == args.steps and growth is not None and growth < 0.05 \
+    fig.savefig(os.path.join(os.path.dirname(path), "soak.png"), dpi=90)
+    print(f"\n{result['machine']}, {result['date']}\nexit code {result['exit_code']}; {final_step} of {steps} steps "
+          f"in {result['wall_seconds']} s; median RSS over steps {warmup}-{warmup + WINDOW}: {base:.0f} MiB, over "
+          f"the last {WINDOW} steps: {end:.0f} MiB ({100 * growth:+.1f}%); peak {peak:.0f} MiB; non-finite "
+          f"numbers: {len(result['non_finite'])}")
+    ok = result["exit_code"] == 0 and final_step == steps and growth is not None and growth < 0.05 \
         and not result["non_finite"]
     print("PASS" if ok else "FAIL", "(target: exit 0, every step, RSS growth < 5% after warm-up, all finite)")
     raise SystemExit(0 if ok else 1)

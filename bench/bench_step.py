@@ -1,0 +1,466 @@
+"""Benchmark: one VAPO training step, phase by phase, against the floors of its two heavy phases.
+
+    python bench/bench_step.py                                  # the demo and the 13M setting, 3 repetitions
+    python bench/bench_step.py --settings demo --repeats 5
+    python bench/bench_step.py --device cuda --bf16 --out runs/bench_step-gpu.json
+    python bench/bench_step.py --tiny --repeats 1 --warmup 0     # 2 prompts x 2 samples, 16 tokens (the test)
+
+On a small CPU a repetition of the 13m setting (step and floors) takes minutes: the default run is long there.
+
+Settings (`--settings`), both `--preset demo` (16 prompts x 8 samples, 128 new tokens, mini-batches of 64,
+micro-batches of 16, one PPO epoch) on the built-in arithmetic prompts:
+- `demo`: the shipped base model (task.ensure_base_model(), 1M parameters), loaded as `python vapo.py` loads it;
+- `13m`: a Qwen2 model of 12.7M parameters built here from the built-in tokenizer (hidden 256, 12 layers, 4
+  attention and 4 KV heads, intermediate 1024; MODEL_13M), randomly initialised: its samples are noise, EOS
+  comes at random (about 1 in 257 tokens), so most responses run to max_new_tokens and each row costs about
+  the same. The critic is a copy of the policy's backbone with a zero head (models.value_model_from_policy).
+
+Each repetition is one step through vapo's own functions, each phase timed on its own (CUDA synchronised
+around each): rollout (`HFEngine.generate`, G samples per prompt, finished rows dropped from the batch), reward
+(`reward.score_batch`), scoring (`rollout.score_rollout`: old log-probs, entropy and values, no grad),
+advantages (`vapo.advantages_and_returns`) and update (`vapo.update`: losses, backward, gradient clipping,
+AdamW and scheduler steps). Then, in the same repetition, on the same tokens:
+
+- the update's floor: the bare forward and backward passes of the same policy and critic (train mode, the same
+  autocast and gradient checkpointing) over the same rows in the same micro-batches (the update's own
+  mini-batch order, replayed from its random state, each mini-batch sorted by rollout.by_length and split into
+  micro_batch_size rows, each trimmed by Rollout.select), with no loss logic: the loss is the sum of the
+  policy's logits gathered at the response tokens (no log-softmax), then, separately as the update does, the
+  sum of the critic's values, each times the response mask, and backward. No gradient clipping, no scheduler,
+  no .item(). Reported as `floor fwd+bwd`; the AdamW steps the update makes (one per model per mini-batch,
+  with zero_grad) are timed on their own (`floor AdamW`), on the real optimizers. The update's ratio is
+  update / (fwd+bwd + AdamW): what the update spends beyond the work it cannot avoid (target <= 1.15).
+- the sampling floor: a bare KV-cached decode loop over the rollout's own prompt tokens (left-padded, the
+  same B rows): one prefill (last position's logits only), then one token per step for every row,
+  model(input_ids, attention_mask, position_ids, past_key_values=cache, use_cache=True), multinomial
+  sampling from softmax(logits / temperature), for as many tokens as the rollout's longest response (its
+  number of sampling steps), with no EOS bookkeeping, no log-probs and no row compaction (target: rollout /
+  floor <= 1.5). Because the floor keeps every row to the end, a rollout with ragged lengths (the demo's)
+  can beat it: finished rows leave the rollout's batch (rollout.COMPACT_FRACTION).
+
+Before each repetition the weights are put back as loaded, and the AdamW states and schedulers as the first
+update left them (--warmup untimed repetitions run first, default 1, so the timed ones find the AdamW states
+allocated, as every step of a run but the first does): every repetition starts from the same state, and the
+floors' AdamW steps on their dummy gradients change nothing that is measured. Prompts differ between
+repetitions (vapo.prompt_batch of step r), the random state is seeded per repetition. Figures are medians
+over the repetitions; the ratios are medians of each repetition's ratio (phases and floors of a repetition
+run back to back, so a burst of load on a shared machine hits both). Peak memory of a step (phases 1-5): on
+CUDA torch.cuda.max_memory_allocated (reset before the step), on a CPU the peak resident set (VmHWM, reset
+before the step through /proc/self/clear_refs; where that is refused, ru_maxrss, a high-water mark over the
+process's whole life), both with the memory in use before the step. Prints a markdown table and the machine
+and date; writes everything to --out (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import demo_seeds  # noqa: E402  (machine())
+import rollout as rollout_mod  # noqa: E402
+import task  # noqa: E402
+import vapo  # noqa: E402
+
+SETTINGS = ("demo", "13m")
+MODEL_13M = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=1024)  # 12.7M parameters with the built-in 257-token vocabulary
+TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
+TARGETS = {"update/floor": 1.15, "sampling/floor": 1.5}
+PHASES = ("rollout", "reward", "scoring", "advantages", "update")
+
+
+# --- measuring ------------------------------------------------------------------------------------------------
+def sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn):
+    """(fn(), seconds), the device synchronised before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak memory over a stretch of code, in MB (1e6 bytes): start() ... stop() -> {"kind", "before_mb",
+    "peak_mb", "delta_mb"}. CUDA: allocated tensor memory (the allocator's cache not counted). CPU: resident set
+    size; the peak is reset at start() through /proc/self/clear_refs (Linux), else ru_maxrss is the peak of the
+    whole process so far ("kind" says which)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.before = 0.0
+        self.kind = "cuda max_memory_allocated" if device.type == "cuda" else "rss"
+
+    def start(self):
+        if self.device.type == "cuda":
+            sync(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.before = torch.cuda.memory_allocated(self.device) / 1e6
+            return
+        self.kind = "rss (VmHWM reset per step)"
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")  # resets the peak resident set size (VmHWM) to the current one
+        except OSError:
+            self.kind = "rss (ru_maxrss, peak since the process started)"
+        rss = _status_kb("VmRSS")
+        self.before = (rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
+
+    def stop(self) -> dict:
+        if self.device.type == "cuda":
+            sync(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) / 1e6
+        else:
+            hwm = _status_kb("VmHWM") if self.kind.startswith("rss (VmHWM") else None
+            peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
+        return {"kind": self.kind, "before_mb": round(self.before, 1), "peak_mb": round(peak, 1),
+                "delta_mb": round(peak - self.before, 1)}
+
+
+# --- setting up -----------------------------------------------------------------------------------------------
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def setting_config(args) -> vapo.Config:
+    """The demo preset, with --tiny's shapes and the command line's overrides."""
+    over = dict(device=args.device, bf16=args.bf16, seed=args.seed)
+    if args.tiny:
+        over |= TINY
+    if args.max_new_tokens is not None:
+        over["max_new_tokens"] = args.max_new_tokens
+    return vapo.Config(**{**vapo.PRESETS["demo"], **over}).validate()
+
+
+def build_models(setting: str, cfg: vapo.Config, device: torch.device):
+    """(policy, critic, tokenizer, description) of a setting."""
+    if setting == "demo":
+        policy, critic, tokenizer = vapo.load_models(cfg, device)  # the shipped base model, as the demo loads it
+        return policy, critic, tokenizer, "the shipped base model (task.ensure_base_model())"
+    from transformers import Qwen2ForCausalLM
+
+    from models import set_gradient_checkpointing, value_model_from_policy
+    tokenizer = task.build_tokenizer()
+    torch.manual_seed(cfg.seed)
+    policy = Qwen2ForCausalLM(task.tiny_config(tokenizer, **MODEL_13M)).to(device)
+    if cfg.gradient_checkpointing:
+        set_gradient_checkpointing(policy, True)
+    critic = value_model_from_policy(policy, gradient_checkpointing=cfg.gradient_checkpointing)
+    return policy, critic, tokenizer, f"random init, Qwen2 {MODEL_13M}"
+
+
+def _to_cpu(obj):
+    """A copy of a (nested) state dict with every tensor on the CPU (so snapshots take no GPU memory)."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+class Snapshot:
+    """The weights of both models and the optimizers' and schedulers' states, kept on the CPU and put back
+    before each repetition."""
+
+    def __init__(self, models: dict, optimizers: dict):
+        self.models, self.optimizers = models, optimizers
+        self.weights = {k: _to_cpu(m.state_dict()) for k, m in models.items()}
+        self.states = None
+
+    def take_optimizer_states(self):
+        self.states = {k: (_to_cpu(o.state_dict()), dict(s.state_dict())) for k, (o, s) in self.optimizers.items()}
+
+    def restore(self):
+        for k, m in self.models.items():
+            m.load_state_dict(self.weights[k])
+        if self.states is not None:
+            for k, (opt_state, sched_state) in self.states.items():
+                self.optimizers[k][0].load_state_dict(_to_cpu(opt_state))  # a fresh copy: moved to the params
+                self.optimizers[k][1].load_state_dict(dict(sched_state))
+        for o, _ in self.optimizers.values():
+            o.zero_grad(set_to_none=True)
+
+
+# --- the step and its floors ----------------------------------------------------------------------------------
+def one_step(ctx: dict, rep: int) -> dict:
+    """Phases 1-5 of vapo.rl_step on step `rep`'s prompts, each timed; -> {"times", "memory", "rollout", "rng"}
+    (rng: the random state the update drew its mini-batch order from)."""
+    from reward import score_batch
+    cfg, device, rows = ctx["cfg"], ctx["device"], ctx["rows"]
+    policy, critic, optimizers = ctx["policy"], ctx["critic"], ctx["optimizers"]
+    prompts = vapo.prompt_batch(rows, rep, cfg.prompts_per_rollout, cfg.seed)
+    times = {}
+    memory = PeakMemory(device)
+    memory.start()
+    with vapo.autocast(cfg, device):
+        rollout, times["rollout"] = timed(device, lambda: ctx["engine"].generate([r["prompt"] for r in prompts],
+                                                                                  n=cfg.group_size))
+    golds = [prompts[int(i)]["answer"] for i in rollout.prompt_index]
+    scores, times["reward"] = timed(device, lambda: torch.tensor(score_batch(
+        rollout.texts, golds, verifier=ctx["verifier"], num_workers=ctx["workers"])).to(device))
+    with vapo.autocast(cfg, device):
+        scored, times["scoring"] = timed(device, lambda: rollout_mod.score_rollout(
+            policy, critic, rollout, cfg.micro_batch_size, cfg.temperature))
+    rewards = scores.float()
+    (advantages, returns, _), times["advantages"] = timed(device, lambda: vapo.advantages_and_returns(
+        rollout, rewards, scored["values"], cfg))
+    batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0,
+             "values": scored["values"], "returns": returns}
+    rng = torch.get_rng_state()  # vapo.update draws its mini-batch order from the CPU generator
+    _, times["update"] = timed(device, lambda: vapo.update(policy, critic, optimizers, rollout, batch, cfg))
+    mem = memory.stop()
+    times["step"] = sum(times[p] for p in PHASES)
+    shape = {"B": rollout.B, "prompt_width": rollout.P, "response_width": rollout.T,
+             "mean_prompt_tokens": round(rollout.prompt_mask.sum(1).float().mean().item(), 1),
+             "mean_response_tokens": round(rollout.lengths.float().mean().item(), 1),
+             "truncated_frac": round(rollout.truncated.float().mean().item(), 3),
+             "response_tokens": int(rollout.lengths.sum())}
+    return {"times": times, "memory": mem, "rollout": rollout, "shape": shape, "rng": rng}
+
+
+@torch.no_grad()
+def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.device) -> float:
+    """Seconds of a bare KV-cached decode loop: the rollout's B left-padded prompt rows, one prefill, then
+    `steps` sampled tokens for every row (steps - 1 decode forwards), no EOS check, no compaction."""
+    cache_kw = rollout_mod._cache_kwarg(model)
+    was_training = model.training
+    model.eval()
+
+    def loop():
+        attention_mask = rollout.prompt_mask.long()
+        positions = rollout_mod.position_ids(attention_mask)
+        out = model(input_ids=rollout.prompt_ids, attention_mask=attention_mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1)
+        cache = rollout_mod._output_cache(out)
+        next_position = positions[:, -1:] + 1  # [B, 1]
+        ones = attention_mask.new_ones(attention_mask.shape[0], 1)
+        for t in range(steps):
+            probs = (out.logits[:, -1].float() / cfg.temperature).softmax(-1)  # [B, V]
+            token = torch.multinomial(probs, 1)  # [B, 1]
+            if t == steps - 1:
+                break
+            attention_mask = torch.cat([attention_mask, ones], 1)
+            out = model(input_ids=token, attention_mask=attention_mask, position_ids=next_position, use_cache=True,
+                        **{cache_kw: cache})
+            cache = rollout_mod._output_cache(out)
+            next_position = next_position + 1
+
+    try:
+        with vapo.autocast(cfg, device):
+            _, seconds = timed(device, loop)
+    finally:
+        model.train(was_training)
+    return seconds
+
+
+def update_floor(ctx: dict, rollout, rng: torch.Tensor) -> dict:
+    """Seconds of the update's bare forward and backward passes (same rows, same micro-batches, no loss logic)
+    and, apart, of its AdamW steps; see the module docstring."""
+    cfg, device = ctx["cfg"], ctx["device"]
+    models = {"critic": ctx["critic"], "policy": ctx["policy"]}  # vapo.update's order
+    optimizers = ctx["optimizers"]
+    for m in models.values():
+        m.train()
+    amp = vapo.autocast(cfg, device)
+    torch.set_rng_state(rng)  # the update's own mini-batch order
+    fwd_bwd = adamw = 0.0
+    opt_steps = 0
+    for _ in range(cfg.ppo_epochs):
+        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(cfg.mini_batch_size):
+            if int(rollout.response_mask[mb].sum()) == 0:  # the update skips it too
+                continue
+            micros = [rollout.select(micro) for micro in rollout_mod.by_length(rollout, mb).split(cfg.micro_batch_size)]
+            micros = [sub for sub in micros if int(sub.lengths.sum()) > 0]  # the update skips these
+
+            def passes():
+                for sub in micros:
+                    input_ids, attention_mask, positions = rollout_mod._inputs(sub)
+                    mask = sub.response_mask
+                    with amp:
+                        logits = models["policy"](input_ids=input_ids, attention_mask=attention_mask,
+                                                  position_ids=positions, use_cache=False,
+                                                  logits_to_keep=sub.T).logits  # [b, T, V]
+                    chosen = logits.gather(-1, sub.response_ids[..., None]).squeeze(-1)  # [b, T]
+                    (chosen.float() * mask).sum().backward()
+                    with amp:
+                        values = models["critic"](input_ids=input_ids, attention_mask=attention_mask,
+                                                  position_ids=positions, use_cache=False).logits[:, -sub.T:, 0]
+                    (values.float() * mask).sum().backward()
+
+            def steps():
+                for name in models:
+                    optimizers[name][0].step()
+                    optimizers[name][0].zero_grad(set_to_none=True)
+
+            fwd_bwd += timed(device, passes)[1]
+            adamw += timed(device, steps)[1]
+            opt_steps += len(models)
+    return {"fwd_bwd": fwd_bwd, "adamw": adamw, "optimizer_steps": opt_steps}
+
+
+def repetition(ctx: dict, rep: int) -> dict:
+    """One step, then its floors on the same rollout."""
+    ctx["snapshot"].restore()
+    torch.manual_seed(ctx["cfg"].seed * 1000 + rep)
+    step = one_step(ctx, rep)
+    if ctx["snapshot"].states is None:  # the first update created the AdamW states: keep them for the others
+        ctx["snapshot"].take_optimizer_states()
+    rollout = step.pop("rollout")
+    sampling = sampling_floor(ctx["policy"], rollout, max(rollout.T, 1), ctx["cfg"], ctx["device"])
+    upd = update_floor(ctx, rollout, step.pop("rng"))
+    times = step["times"]
+    floors = {"sampling": sampling, "update_fwd_bwd": upd["fwd_bwd"], "update_adamw": upd["adamw"],
+              "update": upd["fwd_bwd"] + upd["adamw"]}
+    ratios = {"update/floor": times["update"] / floors["update"],
+              "update/fwd_bwd": times["update"] / floors["update_fwd_bwd"],
+              "sampling/floor": times["rollout"] / floors["sampling"]}
+    return {**step, "floors": floors, "ratios": ratios, "optimizer_steps": upd["optimizer_steps"]}
+
+
+def run_setting(setting: str, args) -> dict:
+    cfg = setting_config(args)
+    device = vapo.pick_device(cfg)
+    policy, critic, tokenizer, source = build_models(setting, cfg, device)
+    rows = vapo.load_data(cfg, tokenizer)[0]
+    verifier, workers = vapo.verifier_for(cfg)
+    engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                  top_p=cfg.top_p)
+    optimizers = {"policy": vapo.make_optimizer(policy, cfg.actor_lr, cfg),
+                  "critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
+    ctx = dict(cfg=cfg, device=device, rows=rows, verifier=verifier, workers=workers, engine=engine,
+               policy=policy, critic=critic, optimizers=optimizers,
+               snapshot=Snapshot({"policy": policy, "critic": critic}, optimizers))
+    for w in range(args.warmup):  # untimed: lazy initialisations, kernel selection, the AdamW states
+        repetition(ctx, args.repeats + w)
+    reps = [repetition(ctx, r) for r in range(args.repeats)]
+
+    def summary(values):
+        return {"median_s": statistics.median(values), "runs_s": [round(v, 5) for v in values]}
+
+    phases = {p: summary([r["times"][p] for r in reps]) for p in (*PHASES, "step")}
+    floors = {f: summary([r["floors"][f] for r in reps]) for f in reps[0]["floors"]}
+    ratios = {k: statistics.median(r["ratios"][k] for r in reps) for k in reps[0]["ratios"]}
+    peaks = [r["memory"] for r in reps]
+    worst = max(peaks, key=lambda m: m["peak_mb"])
+    return {
+        "setting": setting, "model": {"source": source, "policy_params": n_params(policy),
+                                      "critic_params": n_params(critic),
+                                      "hidden_size": policy.config.hidden_size,
+                                      "layers": policy.config.num_hidden_layers,
+                                      "vocab_size": policy.config.vocab_size},
+        "config": {k: getattr(cfg, k) for k in ("prompts_per_step", "samples_per_prompt", "max_new_tokens",
+                                                 "mini_batch_size", "micro_batch_size", "ppo_epochs", "bf16",
+                                                 "gradient_checkpointing", "temperature", "top_p")},
+        "device": str(device), "rollouts": [r["shape"] for r in reps],
+        "optimizer_steps_per_update": reps[0]["optimizer_steps"],
+        "phases": phases, "floors": floors, "ratios": ratios,
+        "targets": TARGETS, "meets_targets": {k: ratios[k] <= v for k, v in TARGETS.items()},
+        "memory": {**worst, "per_repetition": peaks},
+    }
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+def table(results: dict) -> str:
+    """The settings side by side: one column each."""
+    def cell(r, row):
+        ph, fl, ra, ok, mem = r["phases"], r["floors"], r["ratios"], r["meets_targets"], r["memory"]
+        mark = {k: "ok" if v else "MISSED" for k, v in ok.items()}
+        if row in PHASES:
+            return f"{ph[row]['median_s']:.3f} ({100 * ph[row]['median_s'] / ph['step']['median_s']:.0f}%)"
+        return {
+            "params": f"{r['model']['policy_params'] / 1e6:.2f}M + {r['model']['critic_params'] / 1e6:.2f}M",
+            "batch": f"{r['rollouts'][0]['B']} x {r['config']['max_new_tokens']}",
+            "lengths": f"{statistics.mean(s['mean_response_tokens'] for s in r['rollouts']):.1f} / "
+                       f"{statistics.mean(s['mean_prompt_tokens'] for s in r['rollouts']):.1f}",
+            "step": f"{ph['step']['median_s']:.3f}",
+            "sampling": f"{fl['sampling']['median_s']:.3f}",
+            "update_fwd_bwd": f"{fl['update_fwd_bwd']['median_s']:.3f}",
+            "update_adamw": f"{fl['update_adamw']['median_s']:.3f}",
+            "update/floor": f"{ra['update/floor']:.2f} {mark['update/floor']}",
+            "update/fwd_bwd": f"{ra['update/fwd_bwd']:.2f}",
+            "sampling/floor": f"{ra['sampling/floor']:.2f} {mark['sampling/floor']}",
+            "memory": f"{mem['peak_mb']:.0f} (+{mem['delta_mb']:.0f} over {mem['before_mb']:.0f})",
+        }[row]
+
+    rows = [("params", "parameters (policy + critic)"), ("batch", "batch (rows x max new tokens)"),
+            ("lengths", "mean response / prompt tokens"), *((p, f"{p} (s)") for p in PHASES),
+            ("step", "step (s)"), ("sampling", "floor: bare decode loop (s)"),
+            ("update_fwd_bwd", "floor: update fwd+bwd (s)"), ("update_adamw", "floor: AdamW steps (s)"),
+            ("update/floor", f"update / (fwd+bwd + AdamW), target <= {TARGETS['update/floor']}"),
+            ("update/fwd_bwd", "update / fwd+bwd"),
+            ("sampling/floor", f"rollout / decode floor, target <= {TARGETS['sampling/floor']}"),
+            ("memory", "peak memory of a step (MB)")]
+    names = list(results)
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cell(results[n], row) for n in names) + " |" for row, label in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed repetitions first")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (vapo's --bf16; the demo preset is "
+                                                            "float32)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="2 prompts x 2 samples, 16 new tokens, mini-batches of 2, micro-batches of 1 (a check "
+                             "that it runs, not a measurement)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's 128 (16 with --tiny)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join("runs", "bench_step.json"))
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
+
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    machine = demo_seeds.machine()
+    if torch.cuda.is_available() and args.device != "cpu":
+        machine += f"; GPU: {torch.cuda.get_device_name()}"
+    t0 = time.perf_counter()
+    results = {s: run_setting(s, args) for s in args.settings}
+    print(f"machine: {machine}, {torch.get_num_threads()} torch threads\ndate: {started}; "
+          f"{time.perf_counter() - t0:.0f} s in all\n"
+          f"median of {args.repeats} repetitions after {args.warmup} untimed; ratios are medians of each "
+          f"repetition's ratio{'; --tiny: a smoke run, not a measurement' if args.tiny else ''}\n")
+    print(table(results))
+    import transformers
+    report = {"machine": machine, "date": started, "torch": torch.__version__,
+              "transformers": transformers.__version__, "threads": torch.get_num_threads(), "args": vars(args),
+              "settings": results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

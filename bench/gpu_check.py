@@ -1,0 +1,386 @@
+"""Check on one GPU, offline: a few RL steps of `--preset gpu-0.5b` on a model of Qwen2.5-0.5B's shape, with
+throughput, model FLOPs utilisation and peak memory against README.md's arithmetic.
+
+    python bench/gpu_check.py                                   # 3 steps, 16 prompts x 8 samples, 512 new tokens
+    python bench/gpu_check.py --prompts-per-step 64 --max-new-tokens 2048 --steps 2   # the preset's own batch
+    python bench/gpu_check.py --stop-after-s 240                # stop after the step under way at 4 minutes
+    python bench/gpu_check.py --tiny --device cpu --steps 1     # a 2-layer version on a CPU (the test)
+
+No download and no vLLM: the model is built here from a Qwen2Config of Qwen2.5-0.5B's shape (QWEN25_05B: hidden
+896, 24 layers, 14 attention heads and 2 KV heads of 64 dimensions, intermediate 4864, vocabulary 151,936, tied
+embeddings; 494,032,768 parameters, the published 0.49B) with random weights, saved with the built-in task's
+byte-level tokenizer (task.build_tokenizer(), 257 tokens; EOS = pad = id 256) into a temporary folder, and
+that folder is the run's --model. Prompts use the small tokenizer's ids, which are valid ids of the large
+vocabulary; sampled ids beyond the tokenizer's 257 decode to nothing. The random model almost never samples
+EOS (1 in 151,936), so every response runs to --max-new-tokens and every reward is -1: the worst case for
+time and memory, and no learning to speak of.
+
+It runs `vapo.train` end to end on that folder with the built-in dataset: Config = PRESETS["gpu-0.5b"] (bf16
+autocast, gradient checkpointing, micro-batches of 4, mini-batches of 128) with --steps, --prompts-per-step,
+--samples-per-prompt and --max-new-tokens, no held-out evaluation (--eval-prompts 0), value pretraining off
+unless --value-pretrain-steps, checkpoints at step 0 and at the end only (the real path: policy, critic and
+AdamW states, written, synced and read back). To measure, it wraps (times, synchronising the GPU, and takes the
+peak memory of) HFEngine.generate, rollout.score_rollout, vapo.update and vapo.save_checkpoint while train runs;
+nothing else is changed.
+
+Reports, per RL step and in summary (medians over the steps; the first step includes CUDA's start-up):
+- generation tokens per second: response tokens generated (EOS included) / seconds of HFEngine.generate;
+- update tokens per second: (prompt + response tokens) x ppo_epochs / seconds of vapo.update;
+- MFU of the update: 6 x (policy + critic parameters) x update tokens / seconds / --peak-tflops (default 989,
+  the H100/H200 SXM datasheet's dense bf16 figure). 6 N per token is the usual model-FLOPs convention: it
+  counts the embedding matrix in both models (the critic has no LM head, and the policy's runs only on response
+  positions, so this over-counts a little), and leaves out attention's quadratic term and the recomputation of
+  gradient checkpointing;
+- peak memory (torch.cuda.max_memory_allocated, reset before each call) of sampling, scoring, the update and
+  checkpointing, the largest of them as the run's peak, against README.md's arithmetic ("One GPU, 0.5B: memory
+  arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 30 GB sampling 512 x 2,300 tokens, which
+  memory_arithmetic reproduces), and the same arithmetic at this run's shapes (sequence = prompt width +
+  response width). GB here are 1e9 bytes, as in the README. On a CPU the peak resident set instead.
+
+--stop-after-s: once that many seconds have passed, the script sends itself SIGTERM as soon as vapo.train's
+loop handles it, which train takes as a scheduler's stop (after the step under way, with a checkpoint), so a
+time-boxed run still reports. Writes JSON
+to --out (default runs/gpu_check.json) and prints a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_step  # noqa: E402  (PeakMemory, sync)
+import demo_seeds  # noqa: E402  (machine())
+import rollout as rollout_mod  # noqa: E402
+import task  # noqa: E402
+import vapo  # noqa: E402
+
+# Qwen2.5-0.5B's config.json (Qwen/Qwen2.5-0.5B): hidden_size 896, num_hidden_layers 24, num_attention_heads 14,
+# num_key_value_heads 2 (head_dim 896 / 14 = 64), intermediate_size 4864, vocab_size 151936, tie_word_embeddings
+# true, rope_theta 1e6, rms_norm_eps 1e-6, max_position_embeddings 32768, SiLU; 0.49B parameters (0.36B without
+# the embedding). Figures from the model card and config as we know them, cross-checked against copies of that
+# config in other public code; this file never downloads it. The count built here is 494,032,768.
+QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
+                  rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_act="silu")
+# --tiny: the same shape of layer at 1/8 of the width (14 heads of 8, 2 KV heads), 2 layers, a 4,096-token
+# vocabulary (still larger than the tokenizer's, as in the full check), so a CPU runs a step in seconds.
+TINY = dict(hidden_size=112, num_hidden_layers=2, intermediate_size=608, vocab_size=4096)
+TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16)
+
+# README.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
+README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30)
+
+
+def model_config(tokenizer, tiny: bool):
+    from transformers import Qwen2Config
+    kw = {**QWEN25_05B, **(TINY if tiny else {})}
+    return Qwen2Config(**kw, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=None, use_cache=True)
+
+
+def memory_arithmetic(params: int, config, rows: int, micro: int, seq: int) -> dict:
+    """README.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and critic; the
+    bf16 KV cache of `rows` sequences of `seq` tokens; one micro-batch's checkpointed layer inputs (bf16) and its
+    float32 logits, softmax and their gradient."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    items = {
+        "weights_grads_adamw_both": 2 * params * (4 + 4 + 8),
+        "kv_cache": config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2 * rows * seq,
+        "checkpointed_inputs": config.num_hidden_layers * micro * seq * config.hidden_size * 2,
+        "logits": 3 * micro * seq * config.vocab_size * 4,
+    }
+    gb = {k: v / 1e9 for k, v in items.items()}
+    return {"items_gb": {k: round(v, 2) for k, v in gb.items()}, "rows": rows, "micro_batch": micro, "seq": seq,
+            "update_peak_gb": round(gb["weights_grads_adamw_both"] + gb["checkpointed_inputs"] + gb["logits"], 2),
+            "sampling_peak_gb": round(gb["weights_grads_adamw_both"] + gb["kv_cache"], 2)}
+
+
+class Probe:
+    """Wraps the functions train() calls to time them (device synchronised) and take their peak memory; a list
+    of records {"what", "seconds", "peak_gb", ...} in call order."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.records, self._undo = device, [], []
+
+    def wrap(self, owner, name: str, what: str, describe=None):
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            memory = bench_step.PeakMemory(self.device)
+            memory.start()
+            bench_step.sync(self.device)
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            bench_step.sync(self.device)
+            record = {"what": what, "seconds": time.perf_counter() - t0, "peak_gb": memory.stop()["peak_mb"] / 1e3}
+            if describe is not None:
+                record |= describe(args, kwargs, out)
+            self.records.append(record)
+            return out
+
+        setattr(owner, name, wrapper)
+        self._undo.append((owner, name, original))
+
+    def undo(self):
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+
+def _generated(args, kwargs, out):
+    return {"rows": out.B, "prompt_width": out.P, "response_width": out.T, "tokens": int(out.lengths.sum())}
+
+
+def _updated(args, kwargs, out):
+    policy, critic, rollout, cfg = args[0], args[1], args[3], args[5]  # update(policy, critic, optimizers,
+    tokens = int(rollout.prompt_mask.sum() + rollout.lengths.sum()) * cfg.ppo_epochs  # rollout, batch, cfg, ...)
+    return {"tokens": tokens, "train_policy": kwargs.get("train_policy", args[6] if len(args) > 6 else True),
+            "prompt_width": rollout.P, "response_width": rollout.T,
+            "params": {name: sum(p.numel() for p in m.parameters()) if m is not None else 0
+                       for name, m in (("policy", policy), ("critic", critic))}}
+
+
+class Stopper:
+    """--stop-after-s: once the time is up, SIGTERM to this process, sent only while vapo.train's StopRequest
+    handles it (it then stops after the step under way, with a checkpoint); until then the run goes on. A
+    SIGTERM from elsewhere, outside train, still ends the script (through SystemExit, so temporary folders go)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.fired, self.done = seconds, threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.previous = signal.signal(signal.SIGTERM, self._outside_train)
+        self.thread.start()
+        return self
+
+    def _outside_train(self, signum, frame):
+        if not self.fired.is_set():
+            raise SystemExit(128 + signum)
+
+    def _watch(self):
+        while not self.done.wait(0.2):
+            handler = signal.getsignal(signal.SIGTERM)
+            if (time.perf_counter() - self.t0 >= self.seconds
+                    and isinstance(getattr(handler, "__self__", None), vapo.StopRequest)):
+                logging.getLogger("gpu_check").warning("--stop-after-s %g: asking the run to stop", self.seconds)
+                self.fired.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def read_records(path: str) -> list[dict]:
+    """The run's metrics.jsonl, complete lines only."""
+    out = []
+    if os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return out
+
+
+def build_model_folder(folder: str, tiny: bool, device: torch.device, seed: int):
+    """The random Qwen2.5-0.5B-shaped policy and the built-in tokenizer, saved in folder -> (config, params)."""
+    from transformers import Qwen2ForCausalLM
+    tokenizer = task.build_tokenizer()
+    config = model_config(tokenizer, tiny)
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialised where it will run: seconds on a GPU for 0.5B
+        model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return config, params
+
+
+def run_config(args, folder: str, run_dir: str) -> vapo.Config:
+    preset = vapo.PRESETS["gpu-0.5b"]
+    batch = args.prompts_per_step * args.samples_per_prompt
+    mini = math.gcd(batch, preset["mini_batch_size"])  # the preset's 128 where it divides the batch
+    micro = math.gcd(mini, args.micro_batch_size or preset["micro_batch_size"])
+    over = dict(model=folder, dataset="builtin", steps=args.steps, prompts_per_step=args.prompts_per_step,
+                samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
+                mini_batch_size=mini, micro_batch_size=micro, overlong_cache=min(preset["overlong_cache"],
+                                                                                 args.max_new_tokens),
+                value_pretrain_steps=args.value_pretrain_steps, eval_prompts=0, eval_every=0, save_every=0,
+                output_dir=run_dir, device=args.device, seed=args.seed, report_to="none")
+    return vapo.Config(**{**preset, **over}).validate()
+
+
+def summarise(probe: Probe, params: dict, args) -> dict:
+    gens = [r for r in probe.records if r["what"] == "generate"]
+    updates = [r for r in probe.records if r["what"] == "update" and r["train_policy"]]
+    flops_per_token = 6 * (params["policy"] + params["critic"])
+    steps = []
+    for i, (g, u) in enumerate(zip(gens[-len(updates):] if updates else [], updates)):
+        steps.append({"step": i + 1, "generate_s": round(g["seconds"], 3), "generated_tokens": g["tokens"],
+                      "generation_tokens_per_s": g["tokens"] / g["seconds"],
+                      "update_s": round(u["seconds"], 3), "update_tokens": u["tokens"],
+                      "update_tokens_per_s": u["tokens"] / u["seconds"],
+                      "update_tflops": flops_per_token * u["tokens"] / u["seconds"] / 1e12,
+                      "mfu": flops_per_token * u["tokens"] / u["seconds"] / (args.peak_tflops * 1e12),
+                      "generate_peak_gb": round(g["peak_gb"], 3), "update_peak_gb": round(u["peak_gb"], 3)})
+
+    def med(key):
+        return statistics.median(s[key] for s in steps) if steps else None
+
+    def peak(what):
+        values = [r["peak_gb"] for r in probe.records if r["what"] == what]
+        return round(max(values), 3) if values else None
+
+    return {"steps": steps,
+            "generation": {"tokens_per_s": med("generation_tokens_per_s"),
+                           "rows": gens[-1]["rows"] if gens else None,
+                           "response_width": gens[-1]["response_width"] if gens else None},
+            "update": {"tokens_per_s": med("update_tokens_per_s"), "tflops": med("update_tflops"),
+                       "mfu": med("mfu"), "peak_tflops": args.peak_tflops,
+                       "flops_per_token": flops_per_token},
+            "peaks_gb": {"sampling": peak("generate"), "scoring": peak("score_rollout"), "update": peak("update"),
+                         "checkpoint": peak("save_checkpoint")},
+            "checkpoint_s": [round(r["seconds"], 2) for r in probe.records if r["what"] == "save_checkpoint"],
+            "scoring_s": [round(r["seconds"], 3) for r in probe.records if r["what"] == "score_rollout"]}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts-per-step", type=int, default=None, help="default 16 (2 with --tiny; the "
+                                                                           "preset has 64)")
+    parser.add_argument("--samples-per-prompt", type=int, default=None, help="default 8, the preset's (2 with "
+                                                                             "--tiny)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (16 with --tiny; the "
+                                                                         "preset has 2048)")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="default: the preset's 4")
+    parser.add_argument("--value-pretrain-steps", type=int, default=0, help="critic-only steps first (default none)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="the GPU's dense bf16 peak, for MFU (default 989: H100/H200 SXM)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 112, vocabulary 4096; 2 prompts x 2 "
+                                                            "samples, 16 new tokens (a check that it runs)")
+    parser.add_argument("--stop-after-s", type=float, default=0, help="stop after the step under way once this "
+                                                                      "many seconds have passed (0: never)")
+    parser.add_argument("--workdir", default=None, help="model and run folder (default: a temporary folder, "
+                                                        "deleted at the end); a 0.5B run writes about 25 GB there")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join("runs", "gpu_check.json"))
+    args = parser.parse_args(argv)
+    defaults = TINY_RUN if args.tiny else dict(prompts_per_step=16, samples_per_prompt=8, max_new_tokens=512)
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+    t_start = time.perf_counter()
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available on this machine")
+    machine = demo_seeds.machine() + (f"; GPU: {torch.cuda.get_device_name()}" if device.type == "cuda" else "")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="gpu_check-")
+    folder, run_dir = os.path.join(workdir, "model"), os.path.join(workdir, "run")
+    probe = Probe(device)
+    try:
+        config, params = build_model_folder(folder, args.tiny, device, args.seed)
+        cfg = run_config(args, folder, run_dir)
+        print(f"model: {params:,} parameters ({'tiny, ' if args.tiny else ''}Qwen2.5-0.5B shape), random weights; "
+              f"{cfg.steps} steps of {cfg.prompts_per_step} x {cfg.samples_per_prompt} samples, up to "
+              f"{cfg.max_new_tokens} new tokens, micro-batch {cfg.micro_batch_size}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        probe.wrap(rollout_mod.HFEngine, "generate", "generate", _generated)
+        probe.wrap(rollout_mod, "score_rollout", "score_rollout")
+        probe.wrap(vapo, "update", "update", _updated)
+        probe.wrap(vapo, "save_checkpoint", "save_checkpoint")
+        t_train = time.perf_counter()
+        with Stopper(args.stop_after_s if args.stop_after_s > 0 else math.inf):
+            vapo.train(cfg)
+        train_s = time.perf_counter() - t_train
+        records = read_records(os.path.join(run_dir, "metrics.jsonl"))
+    finally:
+        probe.undo()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    counted = next((r["params"] for r in probe.records if r["what"] == "update"), None)
+    critic_params = counted["critic"] if counted else params + config.hidden_size  # the backbone and a score head
+    params_both = {"policy": params, "critic": critic_params}
+    summary = summarise(probe, params_both, args)
+    rl = [r for r in records if "step" in r and "time/step" in r]
+    longest = max((s["prompt_width"] + s["response_width"] for s in probe.records if s["what"] == "generate"),
+                  default=cfg.max_new_tokens)
+    memory = {"kind": "cuda max_memory_allocated" if device.type == "cuda" else "rss",
+              "peak_gb": max((v for v in summary["peaks_gb"].values() if v is not None), default=None),
+              "phases_gb": summary["peaks_gb"],
+              "readme": memory_arithmetic(494_032_768, model_config(task.build_tokenizer(), False), README["rows"],
+                                          README["micro"], README["seq"]),
+              "arithmetic_this_run": memory_arithmetic(params, config, cfg.batch_size, cfg.micro_batch_size,
+                                                       longest)}
+    report = {"machine": machine, "date": started, "device": str(device), "torch": torch.__version__,
+              "tiny": args.tiny, "args": vars(args),
+              "model": {"params_policy": params, "params_critic": critic_params,
+                        "config": {**{k: getattr(config, k, None) for k in QWEN25_05B},  # rope_theta moved into
+                                   "rope_parameters": getattr(config, "rope_parameters", None)}},  # transformers 5
+              "config": {k: getattr(cfg, k) for k in ("steps", "prompts_per_step", "samples_per_prompt",
+                                                       "max_new_tokens", "mini_batch_size", "micro_batch_size",
+                                                       "ppo_epochs", "bf16", "gradient_checkpointing")},
+              "steps_done": len(rl), "step_times": [{k: v for k, v in r.items() if k.startswith("time/")} for r in rl],
+              **{k: summary[k] for k in ("steps", "generation", "update", "checkpoint_s", "scoring_s")},
+              "memory": memory, "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - t_start, 1)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1)
+
+    def fmt(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
+    gen, upd = summary["generation"], summary["update"]
+    readme, here = memory["readme"], memory["arithmetic_this_run"]
+    print(f"\nmachine: {machine}\ndate: {started}; {report['wall_s']:.0f} s in all, train {train_s:.0f} s, "
+          f"{len(rl)} RL steps (medians over them; the first includes start-up)\n"
+          f"generation: {fmt(gen['tokens_per_s'], ',.0f')} tokens/s ({gen['rows']} rows x {gen['response_width']})\n"
+          f"update: {fmt(upd['tokens_per_s'], ',.0f')} tokens/s, {fmt(upd['tflops'], '.1f')} TFLOP/s, MFU "
+          f"{fmt(upd['mfu'] and 100 * upd['mfu'], '.1f')}% of {args.peak_tflops:g} (6 x {params + critic_params:,} "
+          f"parameters per token)\n"
+          f"checkpoints: {', '.join(f'{s:.1f} s' for s in summary['checkpoint_s'])}\n"
+          f"peak memory ({memory['kind']}, GB): sampling {fmt(summary['peaks_gb']['sampling'], '.2f')}, scoring "
+          f"{fmt(summary['peaks_gb']['scoring'], '.2f')}, update {fmt(summary['peaks_gb']['update'], '.2f')}\n"
+          f"README arithmetic ({readme['rows']} rows, micro-batch {readme['micro_batch']} x {readme['seq']} tokens): "
+          f"update {readme['update_peak_gb']:.1f} GB, sampling {readme['sampling_peak_gb']:.1f} GB (README says "
+          f"{README['update_gb']} and {README['sampling_gb']})\n"
+          f"same arithmetic at this run's shapes ({here['rows']} rows, micro-batch {here['micro_batch']} x "
+          f"{here['seq']} tokens): update {here['update_peak_gb']:.2f} GB, sampling {here['sampling_peak_gb']:.2f} GB"
+          f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
