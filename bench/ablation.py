@@ -69,8 +69,9 @@ def row_args(row: str, options: list[str], seed: int, out: str, common: list[str
     return args
 
 
-def run_row(job) -> None:
-    """Run one (row, seed) unless it has finished; a row that shares VAPO's critic waits for it first."""
+def run_row(job) -> float | None:
+    """Run one (row, seed) unless it has finished (then None, else its wall seconds); a row that shares VAPO's
+    critic waits for it first."""
     row, options, seed, out, common = job
     args = row_args(row, options, seed, out, common)
     run_dir = args[args.index("--output-dir") + 1]
@@ -79,7 +80,7 @@ def run_row(job) -> None:
         while not (os.path.exists(os.path.join(vapo_dir, "critic_pretrained", "config.json"))
                    or os.path.exists(os.path.join(vapo_dir, "wall_seconds"))):
             time.sleep(5)
-    demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
+    return demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
 
 
 def curve(run_dir: str) -> list[tuple[int, float, float]]:
@@ -129,6 +130,7 @@ def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
     out.update({"avg_final": spread("avg_final"), "greedy_final": spread("greedy_final"),
                 "greedy_gain": spread("greedy_gain"), "len_ratio": spread("len_ratio"),
                 "greedy_auc": statistics.mean(auc(d) for d, _ in done),
+                "greedy_auc_std": statistics.stdev([auc(d) for d, _ in done]) if len(done) > 1 else 0.0,
                 "samples": statistics.mean(curve(d)[-1][0] for d, _ in done),
                 "collapsed": sum(s["len_ratio"] < COLLAPSE_LENGTH or s["avg_gain"] < 0 or s["greedy_gain"] < 0
                                  for _, s in done)})
@@ -145,7 +147,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['row']} | {r['paper_aime24']} | not run | | | | | |")
             continue
         lines.append(f"| {r['row']} | {r['paper_aime24']} | {pm(r['avg_final'])} | {pm(r['greedy_final'])} | "
-                     f"{100 * r['greedy_auc']:.1f} | {r['len_ratio'][0]:.2f} | {r['samples']:.0f} | "
+                     f"{100 * r['greedy_auc']:.1f} +- {100 * r['greedy_auc_std']:.1f} | {r['len_ratio'][0]:.2f} | "
+                     f"{r['samples']:.0f} | "
                      f"{r['collapsed']} of {r['seeds']} |")
     return "\n".join(lines)
 
@@ -232,12 +235,14 @@ def main():
     jobs.sort(key=lambda j: j[0] != "VAPO")  # VAPO first: the shared critics come from its runs
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(run_row, jobs))
+        walls = list(pool.map(run_row, jobs))
+    ran = [w for w in walls if w is not None]
     rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in args.seeds]) for r, p, _ in chosen]
     md = table(rows)
     os.makedirs(args.out, exist_ok=True)
     plot(rows, os.path.join(args.out, "ablation.png"), args.seeds, args.out)
-    report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s\n"
+    report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
+              f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier\n"
               f"base model: {args.base}\n"
               f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n\n"
               f"diagnostics (means over seeds of each run's mean over its RL steps):\n\n{diagnostics_table(rows)}\n")

@@ -23,4 +23,6 @@ def test_every_row_runs(tmp_path):
     assert not os.path.exists(out / "grpo-s0" / "checkpoint" / "critic")  # GRPO has no critic
     shared = json.load(open(out / "w-o-clip-higher-s0" / "config.json"))
     assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
-    assert (out / "ablation.md").read_text().count("\n|") == 13 and (out / "ablation.png").exists()
+    # two tables (results, diagnostics), each a header, a separator and the 11 rows
+    assert (out / "ablation.md").read_text().count("\n|") == 26 and (out / "ablation.png").exists()
+    assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None and rows["GRPO"]["diagnostics"]["ev"] is None
