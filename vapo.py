@@ -993,6 +993,7 @@ def _fault_point(name: str):
 
 
 def _fsync_tree(folder: str):
+    """fsync every file under folder, so that a checkpoint is on disk before it is swapped in."""
     for root, _, files in os.walk(folder):
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:

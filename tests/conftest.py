@@ -33,3 +33,14 @@ def tiny_policy(tokenizer):
     """A fresh randomly initialised ~1M-parameter Qwen2 policy (float32, eval mode)."""
     from task import build_tiny_policy
     return build_tiny_policy(tokenizer, seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A folder holding a fresh random ~1M-parameter policy and the built-in tokenizer (what --model takes)."""
+    from task import build_tiny_policy, build_tokenizer
+    path = str(tmp_path_factory.mktemp("tiny"))
+    tok = build_tokenizer()
+    build_tiny_policy(tok, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

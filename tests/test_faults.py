@@ -27,16 +27,6 @@ TINY = dict(dataset="builtin", steps=3, prompts_per_step=2, samples_per_prompt=2
             value_pretrain_steps=1, eval_every=0, eval_prompts=2, eval_samples=1, save_every=1, alpha=0.5)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from task import build_tiny_policy, build_tokenizer
-    path = str(tmp_path_factory.mktemp("tiny"))
-    tok = build_tokenizer()
-    build_tiny_policy(tok, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def tiny_config(model_dir, out_dir, **kw):
     return Config(**{**TINY, "model": model_dir, "output_dir": str(out_dir), **kw}).validate()
 
