@@ -20,51 +20,59 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean")
 MAX_LOG_RATIO = 20.0
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None, all_sum=None) -> torch.Tensor:
     """Mean of x over the entries where mask is 1: sum(x * mask) / sum(mask).
 
     x, mask: [B, T]. dim None -> a scalar; dim d -> that dimension reduced. An all-zero mask gives 0 (not
     NaN): nothing to average means nothing to learn from. Values under the mask never matter, even inf/NaN.
+    all_sum: when the batch is split over processes (scale/), a function that sums a tensor over all of them;
+    both sums are then taken over the whole batch, so the mean is the one a single process would compute.
     """
     m = mask.to(x.dtype)
     total = torch.where(m.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim)
-    return total / m.sum(dim).clamp(min=1)
+    count = m.sum(dim)
+    if all_sum is not None:
+        total, count = all_sum(torch.stack([total, count])).unbind(0)
+    return total / count.clamp(min=1)
 
 
-def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Population variance of x over the real entries: mean((x - mean)^2). x, mask: [B, T]. Scalar."""
-    mean = masked_mean(x, mask)
-    return masked_mean((x - mean) ** 2, mask)
+def masked_var(x: torch.Tensor, mask: torch.Tensor, all_sum=None) -> torch.Tensor:
+    """Population variance of x over the real entries: mean((x - mean)^2). x, mask: [B, T]. Scalar.
+    all_sum: as in masked_mean (the batch split over processes)."""
+    mean = masked_mean(x, mask, all_sum=all_sum)
+    return masked_mean((x - mean) ** 2, mask, all_sum=all_sum)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = 1e-8) -> torch.Tensor:
+                  eps: float = 1e-8, all_sum=None) -> torch.Tensor:
     """Advantage whitening over the real tokens of the batch: (x - mean) / sqrt(var + eps).
 
     Not in the VAPO paper (our option, off by default in the trainer). shift_mean=False only rescales,
     keeping the sign of every advantage. x, mask: [B, T]. Returns [B, T], exactly 0 under the mask.
+    all_sum: as in masked_mean (mean and variance of the whole batch when it is split over processes).
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask)
+    mean = masked_mean(x, mask, all_sum=all_sum)
+    var = masked_var(x, mask, all_sum=all_sum)
     out = (x - mean) if shift_mean else x
     out = out * torch.rsqrt(var + eps)
     return torch.where(mask.bool(), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, all_sum=None) -> float:
     """How much of the returns' variance the critic explains, over real tokens:
 
         EV = 1 - Var[R - V] / Var[R]
 
     1 is perfect, 0 is no better than predicting the mean, negative is worse than that. The number to watch
     during value pretraining (VAPO section 3.1). NaN when Var[R] = 0 (e.g. every sample got the same reward):
-    undefined, and logged as such rather than as a made-up number. values, returns, mask: [B, T].
+    undefined, and logged as such rather than as a made-up number. values, returns, mask: [B, T]. all_sum: as in
+    masked_mean (the batch split over processes).
     """
     v, r = values.detach().double(), returns.detach().double()  # float64: a constant R must give Var 0 exactly
-    var_r = masked_var(r, mask)
+    var_r = masked_var(r, mask, all_sum)
     if var_r.item() <= 1e-12:
         return float("nan")
-    return (1.0 - masked_var(r - v, mask) / var_r).item()
+    return (1.0 - masked_var(r - v, mask, all_sum) / var_r).item()
 
 
 def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",

