@@ -49,7 +49,8 @@ back, so a burst of load on a shared machine hits neighbours alike). Targets (pe
 
 Also recorded, for where the time goes: vapo.py's phases (time/rollout, time/reward, time/score, time/update)
 and TRL's own profiling blocks (transformers.generate, the reward function, _prepare_inputs = generation +
-reward + scoring, compute_loss = the training forward passes and the loss, without backward or optimizer).
+reward + scoring, compute_loss = the training forward passes and the loss; the rest of the rollout's time,
+backward passes, optimizer steps and the trainer's bookkeeping, as "backward, optimizer, other").
 Prints the machine, the date and a markdown table; writes every raw timing to --out (JSON).
 """
 from __future__ import annotations
@@ -246,6 +247,8 @@ def trl_worker(args):
         for name, seconds in blocks[b_start:b_end]:
             name = name.split(".", 1)[1] if name.startswith("GRPOTrainer.") else name
             phases[name] = phases.get(name, 0.0) + seconds
+        if "_prepare_inputs" in phases and "compute_loss" in phases:  # what the profiling blocks leave out
+            phases["backward, optimizer, other"] = t_end - t_start - phases["_prepare_inputs"] - phases["compute_loss"]
         if generations[i]["samples"] != batch:
             raise SystemExit(f"vs_trl: TRL's rollout {i} had {generations[i]['samples']} samples, expected {batch}")
         rollouts.append({"rollout": i, "warmup": i == 0, "seconds": t_end - t_start,
