@@ -1,17 +1,20 @@
-"""bench/bench_step.py and bench/gpu_check.py run, in their smallest forms, and write the JSON they promise (the
-figures themselves are measurements for an idle machine or a GPU, not checked here)."""
+"""bench/bench_step.py, bench/gpu_check.py and bench/vs_trl.py run, in their smallest forms, and write the JSON they
+promise (the figures themselves are measurements for an idle machine or a GPU, not checked here). vs_trl.py runs
+this project's contenders only: TRL is a benchmark dependency that CI does not install."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(args, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+def run(args, timeout=300, ok=True, **env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_extra)
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -50,3 +53,68 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     readme = report["memory"]["readme"]  # README.md's 33 GB (update) and 30 GB (sampling), from its arithmetic
     assert round(readme["update_peak_gb"]) == 33 and round(readme["sampling_peak_gb"]) == 30
     assert len(report["checkpoint_s"]) == 2  # at step 0 and at the end: vapo.train's real path
+
+
+def test_vs_trl_tiny_times_this_projects_contenders(tmp_path):
+    out = tmp_path / "vs_trl.json"
+    proc = run(["bench/vs_trl.py", "--tiny", "--contenders", "grpo", "vapo", "--repeats", "1", "--steps", "1",
+                "--threads", "1", "--out", str(out)])
+    assert "machine:" in proc.stdout and "date:" in proc.stdout and "1 torch threads per contender" in proc.stdout
+    assert "| grpo | `python vapo.py --algo grpo` |" in proc.stdout
+    assert "| vapo | `python vapo.py --algo vapo --no-value-pretraining` |" in proc.stdout
+    report = json.loads(out.read_text())
+    assert {"machine", "date", "threads", "versions", "shape", "summary", "runs"} <= report.keys()
+    assert report["threads"] == 1 and report["shape"]["max_new_tokens"] == 16
+    for name in ("grpo", "vapo"):
+        (run_,) = report["runs"][name]  # one repetition
+        assert f"--algo {name}" in run_["command"]
+        rollouts = run_["rollouts"]
+        assert [r["warmup"] for r in rollouts] == [True, False]  # 1 warm-up + 1 timed rollout
+        for r in rollouts:
+            assert r["samples"] == 4 and 4 <= r["tokens"] <= 4 * 16 and r["seconds"] > 0
+            assert {"rollout", "reward", "score", "update", "step"} <= r["phases"].keys()
+            assert r["seconds"] >= r["phases"]["step"]  # the step's own clock, and for the timed one its record
+        timed = rollouts[1]
+        s = report["summary"][name]
+        assert abs(s["ms_per_sample"] - 1e3 * timed["seconds"] / 4) < 1e-6
+        assert abs(s["ms_per_token"] - 1e3 * timed["seconds"] / timed["tokens"]) < 1e-6
+        assert "trl_over_this" not in s  # no TRL, no ratio
+    assert report["runs"]["vapo"][0]["rollouts"][1]["phases"]["score"] > 0
+
+
+def test_vs_trl_without_trl_says_how_to_install_it(tmp_path):
+    shim = tmp_path / "shim"  # an import of trl fails here as it does where TRL is not installed
+    shim.mkdir()
+    (shim / "trl.py").write_text("raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n")
+    proc = run(["bench/vs_trl.py", "--tiny", "--repeats", "1", "--steps", "1", "--out", str(tmp_path / "x.json")],
+               ok=False, PYTHONPATH=str(shim))
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
+        in proc.stderr and "--contenders grpo vapo" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_vs_trl_ratios_and_targets_from_raw_timings():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import vs_trl
+
+    def run_(seconds, tokens):  # one run: a warm-up rollout (left out), then two timed ones of 128 samples
+        return {"rollouts": [{"warmup": True, "seconds": 99.0, "samples": 128, "tokens": 1, "phases": {}}] + [
+            {"warmup": False, "seconds": s, "samples": 128, "tokens": t, "phases": {"step": s}}
+            for s, t in zip(seconds, tokens)]}
+    runs = {"trl": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])],
+            "grpo": [run_([2.56, 2.56], [6400, 6400]), run_([3.2, 3.2], [3200, 3200])],
+            "vapo": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])]}
+    s = vs_trl.summarise(runs)
+    assert s["trl"]["ms_per_sample"] == statistics.median([50.0, 100.0])
+    assert s["grpo"]["per_repetition"][0]["ms_per_sample"] == 20.0 and s["grpo"]["per_repetition"][1]["ms_per_token"] == 1.0
+    # per repetition TRL / grpo: 2.5 and 4 per sample; the median of the two, not the ratio of the medians
+    assert s["grpo"]["trl_over_this"]["ms_per_sample"]["per_repetition"] == [2.5, 4.0]
+    assert s["grpo"]["trl_over_this"]["ms_per_sample"]["median_of_repetitions"] == 3.25
+    assert s["grpo"]["trl_over_this"]["ms_per_token"]["per_repetition"] == [2.5, 2.0]
+    assert s["grpo"]["target"] == {"per_sample_at_least": 2.0, "met": True}
+    assert s["vapo"]["trl_over_this"]["ms_per_sample"]["median_of_repetitions"] == 1.0
+    assert s["vapo"]["target"] == {"per_sample_at_least": 1.3, "met": False}
+    table = vs_trl.table(s)
+    assert "| grpo |" in table and "3.25x" in table and ">= 2.0x: met" in table and ">= 1.3x: NOT met" in table
