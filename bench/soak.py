@@ -7,8 +7,9 @@ Runs `python vapo.py --preset demo` (value pretraining, evaluations every 100 st
 child process and samples its resident memory (VmRSS, from /proc) every half second, matching each sample to
 the RL step logged at that moment. By default a step has 4 prompts x 4 samples instead of 16 x 8, so that 500
 steps (500 rollouts, updates, checkpoints' worth of allocations: what a leak grows with) fit in minutes; the
-code path is the demo's. Reports the median RSS over the 50 steps after warm-up (--warmup) and over the last
-50 steps, the growth between them (target: < 5%), the peak, whether any logged number was not finite, and the
+code path is the demo's. Reports the median RSS over the 50 steps after warm-up (--warmup: step 100, after the
+first evaluation, plot and checkpoint, whose one-time costs are part of warm-up: the first plot imports
+matplotlib, about 40 MiB for good) and over the last 50 steps, the medians of every 50 steps, the growth between them (target: < 5%), the peak, whether any logged number was not finite, and the
 exit code; writes soak.json (with every RSS sample) and soak.png (RSS against step) into --out.
 """
 from __future__ import annotations
@@ -71,9 +72,12 @@ def non_finite(metrics_path: str) -> list[str]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--warmup", type=int, default=50, help="the step whose RSS is the baseline")
+    ap.add_argument("--warmup", type=int, default=100,
+                    help="the first step of the baseline window: by default after the first evaluation, plot and "
+                         "checkpoint (every 100 steps), so that their one-time costs count as warm-up")
     ap.add_argument("--full-batch", action="store_true", help="the demo's 16 prompts x 8 samples per step")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads of the run")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the run (one: the tiny model runs fastest so on a shared machine)")
     ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "soak"))
     ap.add_argument("--report", metavar="SOAK_JSON", help="only print the verdict of an earlier run's soak.json")
     args = ap.parse_args()
@@ -143,9 +147,14 @@ def report(path: str, warmup: int, steps: int):
     ax.set(xlabel="RL step", ylabel="RSS (MiB)", title=f"soak: {final_step} steps, {result['date']} (red: medians)")
     fig.tight_layout()
     fig.savefig(os.path.join(os.path.dirname(path), "soak.png"), dpi=90)
-    print(f"\n{result['machine']}, {result['date']}\nexit code {result['exit_code']}; {final_step} of {steps} steps "
-          f"in {result['wall_seconds']} s; median RSS over steps {warmup}-{warmup + WINDOW}: {base:.0f} MiB, over "
-          f"the last {WINDOW} steps: {end:.0f} MiB ({100 * growth:+.1f}%); peak {peak:.0f} MiB; non-finite "
+    medians = [window_median(samples, a, a + WINDOW) for a in range(0, final_step, WINDOW)]
+    print(f"\n{result['machine']}, {result['date']}\nmedian RSS per {WINDOW} steps (MiB): "
+          + ", ".join(f"{m:.0f}" for m in medians if m is not None))
+    mib = lambda m: "none (no step there)" if m is None else f"{m:.0f} MiB"  # noqa: E731
+    print(f"exit code {result['exit_code']}; {final_step} of {steps} steps "
+          f"in {result['wall_seconds']} s; median RSS over steps {warmup}-{warmup + WINDOW}: {mib(base)}, over "
+          f"the last {WINDOW} steps: {mib(end)} ({'n/a' if growth is None else f'{100 * growth:+.1f}%'}); peak "
+          f"{peak:.0f} MiB; non-finite "
           f"numbers: {len(result['non_finite'])}")
     ok = result["exit_code"] == 0 and final_step == steps and growth is not None and growth < 0.05 \
         and not result["non_finite"]
