@@ -525,32 +525,32 @@ class VLLMEngine:
 def rollout_from_tokens(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]], n: int,
                         eos_ids: list[int], pad_id: int, tokenizer, device) -> Rollout:
     """A Rollout from token lists: prompts [n_prompts][P_i], responses and their log-probs [n_prompts * n][T_b]
-    (response b belongs to prompt b // n). Each response is cut after its first EOS (kept, mask 1); one that
-    has no EOS was cut by max_new_tokens: truncated."""
-    eos = set(eos_ids)
-    cut = []
-    for ids in responses:
-        end = next((t + 1 for t, token in enumerate(ids) if token in eos), len(ids))
-        cut.append(end)
+    (response b belongs to prompt b // n). Each response is cut after its first EOS (kept, mask 1), as in
+    HFEngine; one that has no EOS was cut by max_new_tokens: truncated. Padded into tensors first, so nothing
+    loops over tokens in Python."""
     B, P = len(responses), max(len(p) for p in prompts)
-    T = max(cut, default=0)
-    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((B, P), dtype=torch.long)
-    response_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((B, T), dtype=torch.long)
-    sampler_logprobs = torch.zeros((B, T), dtype=torch.float32)
-    truncated = torch.zeros(B, dtype=torch.bool)
-    for b, (ids, lp, length) in enumerate(zip(responses, logprobs, cut)):
-        prompt = prompts[b // n]
-        prompt_ids[b, P - len(prompt):] = torch.tensor(prompt)  # left padding
-        prompt_mask[b, P - len(prompt):] = 1
-        if length:
-            response_ids[b, :length] = torch.tensor(ids[:length])
-            response_mask[b, :length] = 1
-            sampler_logprobs[b, :length] = torch.tensor(lp[:length], dtype=torch.float32)
-        truncated[b] = not any(token in eos for token in ids[:length])  # stopped by max_new_tokens
-    texts = tokenizer.batch_decode([ids[:length] for ids, length in zip(responses, cut)], skip_special_tokens=True)
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                   response_mask=response_mask, lengths=response_mask.sum(1), truncated=truncated,
-                   sampler_logprobs=sampler_logprobs, prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
-                   texts=texts, pad_id=pad_id).to(device)
+    width = max((len(ids) for ids in responses), default=0)
+    tokens = torch.full((B, width), pad_id, dtype=torch.long)  # [B, width] as generated
+    sampled = torch.zeros((B, width), dtype=torch.float32)  # [B, width]
+    for b, (ids, lp) in enumerate(zip(responses, logprobs)):
+        tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        sampled[b, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    generated = torch.tensor([len(ids) for ids in responses], dtype=torch.long)  # [B]
+    inside = torch.arange(width)[None, :] < generated[:, None]  # [B, width] generated, not padding
+    is_eos = torch.isin(tokens, torch.tensor(eos_ids)) & inside  # [B, width]
+    has_eos = is_eos.any(1)  # [B]
+    lengths = torch.where(has_eos, is_eos.long().argmax(1) + 1, generated)  # [B] up to the first EOS
+    T = int(lengths.max()) if B else 0
+    response_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # [B, T]
+    prompt_ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, ids in enumerate(prompts):  # left padding: the prompt ends where the response starts
+        prompt_ids[i, P - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        prompt_mask[i, P - len(ids):] = 1
+    texts = tokenizer.batch_decode([ids[:length] for ids, length in zip(responses, lengths.tolist())],
+                                   skip_special_tokens=True)
+    return Rollout(prompt_ids=prompt_ids.repeat_interleave(n, 0), prompt_mask=prompt_mask.repeat_interleave(n, 0),
+                   response_ids=tokens[:, :T].masked_fill(response_mask == 0, pad_id), response_mask=response_mask,
+                   lengths=lengths, truncated=~has_eos, sampler_logprobs=sampled[:, :T] * response_mask,
+                   prompt_index=torch.arange(len(prompts)).repeat_interleave(n), texts=texts,
+                   pad_id=pad_id).to(device)

@@ -822,6 +822,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     for _ in range(cfg.ppo_epochs):
         # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
         local_mini = cfg.mini_batch_size // parallel.world_size  # this process's share of a mini-batch
+        sharded = parallel.world_size > 1
         for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
             mask = rollout.response_mask[mb]  # [b, T]
             positive_tokens = (mask * batch["positive"][mb, None]).sum() if train_policy else mask.new_zeros(())
@@ -830,7 +831,6 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
             if n_tokens == 0:  # only empty responses: no token to learn from, nothing to step
                 continue
             mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
-            sharded = parallel.world_size > 1
             for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
                 sub = rollout.select(micro, min_T=1 if sharded else 0)  # trimmed to its longest prompt and response
                 d = {k: _columns(v[micro], sub.T) if v.dim() == 2 else v[micro] for k, v in batch.items()}
