@@ -1,7 +1,9 @@
 """Rollouts: G samples per prompt from the current policy, and per-token log-probs and values of those samples.
 
-    prompts (strings) --HFEngine.generate--> Rollout (token ids, masks, lengths, sampler log-probs)
-    Rollout --score_rollout--> old log-probs, values, entropy (no grad: step 3 of the loop)
+    prompts (strings) --HFEngine.generate--> Rollout (token ids, masks, lengths, sampler log-probs and entropy)
+    Rollout --score_rollout--> old log-probs, values, entropy (no grad: step 3 of the loop; the trainer takes the
+                               old log-probs and entropy from the sampler instead where they are the policy's
+                               own, see vapo.old_logprobs_from_sampler, and then scores the critic alone)
     Rollout --response_logprobs / response_values--> the same, with grad (inside the update, step 5)
 
 Layout of one sample b of a Rollout (P prompt columns, left-padded; T response columns, right-padded):
@@ -16,7 +18,7 @@ Group sampling (paper technique 7): the G = n samples of prompt i are rows b = i
 `prompt_index[b] = i`.
 
 The engine is an interface in all but name: anything with `generate(prompts, n, temperature, top_p, max_new_tokens,
-seed) -> Rollout` can replace HFEngine (a vLLM engine will), and the scoring functions take any Rollout.
+seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and the scoring functions take any Rollout.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class Rollout:
     prompt_index: torch.Tensor  # [B] long, which input prompt row b came from
     texts: list[str]  # [B] decoded responses, special tokens (EOS) left out
     pad_id: int = 0
+    entropy: torch.Tensor | None = None  # [B, T] float32, the sampler's entropy per token (see sample_next), 0
+    # under the mask; None when the engine does not give it (vLLM returns the chosen tokens' log-probs only)
 
     @property
     def B(self) -> int:
@@ -80,6 +84,7 @@ class Rollout:
             prompt_index=self.prompt_index[idx],
             texts=[self.texts[i] for i in idx.tolist()],
             pad_id=self.pad_id,
+            entropy=None if self.entropy is None else F.pad(self.entropy[idx, :T], widen),  # [b, T']
         )
 
     def to(self, device) -> "Rollout":
@@ -111,6 +116,7 @@ class Rollout:
             prompt_index=torch.cat([r.prompt_index for r in rollouts]),
             texts=[t for r in rollouts for t in r.texts],
             pad_id=pad,
+            entropy=None if any(r.entropy is None for r in rollouts) else stack("entropy", T, False, 0.0),
         )
 
 
@@ -133,18 +139,22 @@ def _output_cache(out):
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
-    """One sampling step. logits [B, V] float32 -> (token [B] long, log-prob of that token [B] float32).
+    """One sampling step. logits [B, V] float32 -> (token [B] long, log-prob of that token [B] float32,
+    entropy [B] float32).
 
     The log-prob is under the distribution actually sampled from: softmax(logits / temperature), restricted to the
     top-p nucleus (the smallest set of most likely tokens with mass >= top_p) and renormalised. With top_p < 1 it is
     therefore NOT the policy's log-prob at that temperature (response_logprobs computes that one); with top_p = 1
     the two agree. temperature 0 is greedy: the token is the argmax and its log-prob is taken at temperature 1
     (the sampling distribution itself would be a point mass, log-prob 0, which tells nothing).
+    The entropy is the policy's at that temperature, before top-p, H = logsumexp(z) - sum_v softmax(z)_v z_v with
+    z = logits / temperature (temperature 1 when greedy): what response_logprobs(with_entropy=True) computes.
     """
     if temperature == 0:
         token = logits.argmax(-1)  # [B]
-        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(1)
+        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(1), entropy_of(logits)
     logits = logits / temperature
+    entropy = entropy_of(logits)  # [B]
     if top_p < 1.0:
         sorted_logits, order = logits.sort(-1, descending=True)  # [B, V]
         probs = sorted_logits.softmax(-1)
@@ -153,43 +163,60 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)  # back to vocabulary order
     logprobs = logits.log_softmax(-1)  # [B, V]
     token = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(1)  # [B]
-    return token, logprobs.gather(-1, token[:, None]).squeeze(1)
+    return token, logprobs.gather(-1, token[:, None]).squeeze(1), entropy
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    """H = logsumexp(z) - sum_v softmax(z)_v z_v over the last dimension: [..., V] float32 -> [...]."""
+    return logits.logsumexp(-1) - (logits.softmax(-1) * logits).sum(-1)
 
 
 @torch.no_grad()
 def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
-           eos_ids: list[int], pad_id: int, generator=None):
+           eos_ids: list[int], pad_id: int, generator=None, n: int = 1):
     """Autoregressive sampling with a KV cache, one token per step for every unfinished row, until every row has
     produced an EOS or max_new_tokens steps have run. A row that is done gets pad tokens with log-prob 0.
 
-    prompt_ids, prompt_mask [B, P] left-padded -> (tokens [B, T0] long, logprobs [B, T0] float32), T0 <= max_new.
+    prompt_ids, prompt_mask [N, P] left-padded; n samples of each prompt, rows b = i * n + g of the B = N * n
+    outputs -> (tokens [B, T0] long, logprobs [B, T0] float32, entropy [B, T0] float32), T0 <= max_new.
     Our own loop rather than `model.generate`: generate only exposes the sampling distribution through
     `output_scores`, a [B, V] tensor per step kept for the whole generation (gigabytes for a 150k vocabulary),
     while this loop keeps one [B, V] at a time.
+    The G = n samples of a prompt share it: the prompts go through the model once (N rows) and their KV cache is
+    repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see README "Performance").
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
     of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py).
     """
-    B = prompt_ids.shape[0]
     device = prompt_ids.device
     eos = torch.tensor(eos_ids, device=device)
     attention_mask = prompt_mask.long()
-    positions = position_ids(attention_mask)  # [B, P]
+    positions = position_ids(attention_mask)  # [N, P]
     out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
                 logits_to_keep=1)
+    cache = _output_cache(out)
+    logits = out.logits[:, -1]  # [N, V]
+    if n > 1:
+        if not hasattr(cache, "batch_repeat_interleave"):  # a cache class that cannot be repeated: no sharing
+            return sample(model, prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0),
+                          max_new_tokens, temperature, top_p, eos_ids, pad_id, generator)
+        cache.batch_repeat_interleave(n)  # [N, ...] -> [N * n, ...], rows i * n + g
+        logits, attention_mask, positions = (x.repeat_interleave(n, 0) for x in (logits, attention_mask, positions))
+    B = logits.shape[0]
     next_position = positions[:, -1:] + 1  # [B, 1]; the last prompt column is real in every row (left padding)
     cache_kw = _cache_kwarg(model)
-    cache = _output_cache(out)
     can_compact = hasattr(cache, "batch_select_indices")
     rows = torch.arange(B, device=device)  # [b] the original row of each row still in the batch
     done = torch.zeros(B, dtype=torch.bool, device=device)  # [b] rows in the batch that have finished
     tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [B, max_new]
     logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)  # [B, max_new]
+    entropy = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)  # [B, max_new]
     steps = 0
     for t in range(max_new_tokens):
-        token, logprob = sample_next(out.logits[:, -1].float(), temperature, top_p, generator)  # [b], [b]
+        token, logprob, h = sample_next(logits.float(), temperature, top_p, generator)  # [b] each
         live = ~done
         tokens[rows[live], t] = token[live]
         logprobs[rows[live], t] = logprob[live]
+        entropy[rows[live], t] = h[live]
         steps = t + 1
         done |= torch.isin(token, eos)
         if done.all():
@@ -204,8 +231,9 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
                     use_cache=True, **{cache_kw: cache})
         cache = _output_cache(out)
+        logits = out.logits[:, -1]  # [b, V]
         next_position = next_position + 1
-    return tokens[:, :steps], logprobs[:, :steps]  # [B, T0], [B, T0]
+    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]  # [B, T0] each
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -290,10 +318,10 @@ class HFEngine:
         for i, ids in enumerate(encoded):  # left padding: the prompt ends where the response starts
             prompt_ids[i, P - len(ids):] = torch.tensor(ids)
             prompt_mask[i, P - len(ids):] = 1
+        tokens, logprobs, entropy = sample(self.model, prompt_ids.to(device), prompt_mask.to(device), max_new_tokens,
+                                           temperature, top_p, self.eos_ids, self.pad_id, generator, n=n)  # [B, T0]
         prompt_ids = prompt_ids.repeat_interleave(n, 0).to(device)  # [B, P], rows i*n .. i*n+n-1 are prompt i
         prompt_mask = prompt_mask.repeat_interleave(n, 0).to(device)  # [B, P]
-        tokens, logprobs = sample(self.model, prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
-                                  self.eos_ids, self.pad_id, generator)  # [B, T0], [B, T0]
 
         is_eos = torch.isin(tokens, torch.tensor(self.eos_ids, device=device))  # [B, T0]
         has_eos = is_eos.any(1)  # [B]
@@ -308,7 +336,7 @@ class HFEngine:
             lengths=lengths, truncated=~has_eos,
             sampler_logprobs=logprobs[:, :T].float() * response_mask,  # [B, T]
             prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(n) + first_index,  # [B]
-            texts=texts, pad_id=self.pad_id)
+            texts=texts, pad_id=self.pad_id, entropy=entropy[:, :T] * response_mask)
 
 
 def _inputs(rollout: Rollout):

@@ -202,6 +202,8 @@ class Config:
     """vllm on a GPU: share of the GPU's memory the engine takes for its weights and KV cache, colocated with training (our choice)"""
     vllm_sleep: bool = True
     """vllm on a GPU: put the engine to sleep during updates (its KV cache freed, its weights discarded and written again by the next sync)"""
+    old_logprobs: str = "auto"
+    """PPO's old log-probs (and the logged entropy): "recompute" (a scoring pass of the policy after sampling), "sampler" (the sampler's own, no pass: exact when it sampled from the training weights at top_p 1, else an approximation), or "auto" (sampler when --engine hf samples from the policy itself, in one process, at top_p 1 without --bf16; else recompute)"""
 
     # --- machine ---
     seed: int = 0
@@ -308,6 +310,11 @@ class Config:
              "must be auto, cpu or cuda[:N]"),
             (lambda: self.engine in ("hf", "vllm"), "engine", "must be hf or vllm"),
             (lambda: 0 < self.vllm_memory < 1, "vllm_memory", "must be in (0, 1)"),
+            (lambda: self.old_logprobs in ("auto", "sampler", "recompute"), "old_logprobs",
+             "must be auto, sampler or recompute"),
+            (lambda: self.old_logprobs != "sampler" or self.top_p == 1, "old_logprobs",
+             f"sampler needs top_p = 1 (with top_p = {self.top_p} the sampler's log-probs are those of the "
+             f"truncated distribution, not the policy's that PPO's ratio divides by): use recompute or auto"),
             (lambda: self.reward_workers is None or self.reward_workers >= 0, "reward_workers",
              "must be >= 0 (0 = score in this process) or none (one per CPU core)"),
         ]
@@ -625,7 +632,8 @@ def make_engine(cfg: Config, policy, tokenizer):
             folder = ensure_base_model(log=log.info)
         else:
             folder = resolve_model_name(cfg.model)
-        return VLLMEngine(folder, tokenizer, eos_ids=eos_token_ids(policy, tokenizer), max_new_tokens=cfg.max_new_tokens,
+        return VLLMEngine(folder, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
+                          max_new_tokens=cfg.max_new_tokens,
                           temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank,
                           memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, dtype=policy.dtype,
                           distributed=parallel.world_size > 1,
@@ -667,6 +675,18 @@ def prompt_batch(rows: list[dict], step: int, n: int, seed: int) -> list[dict]:
 # ==================================================================================================================
 # One step, in its phases: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update, 6 log
 # ==================================================================================================================
+
+def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
+    """Phase 3's choice (--old-logprobs): take PPO's old log-probs log pi_old(r_t | ...) from the sampler instead of
+    a scoring pass of the policy. They are the same numbers when the sampler drew from the policy's own weights at
+    top_p = 1 in float32 (our KV-cached loop against one full forward pass: equal to rounding, about 3e-7 on the
+    demo); "auto" takes them only then: the HF engine of a single process (it samples from the policy itself, not
+    a copy), top_p 1, no bf16 autocast. vLLM, a sharded run's engine copy, top_p < 1 or bf16: recomputed, and the
+    gap to the sampler's is logged."""
+    if cfg.old_logprobs != "auto":
+        return cfg.old_logprobs == "sampler"
+    return not getattr(engine, "own_weights", True) and cfg.top_p == 1 and not cfg.bf16
+
 
 def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """rewards[b, t] = scores[b] at the last real token of sample b, 0 elsewhere (a sparse verifier reward).
@@ -916,15 +936,22 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)
 
     t = time.perf_counter()
+    from_sampler = old_logprobs_from_sampler(cfg, engine)  # then only the critic is scored
     with autocast(cfg, mask.device):
-        scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)  # 3. score, no grad
+        scored = score_rollout(None if from_sampler else policy, critic, rollout, cfg.micro_batch_size,
+                               cfg.temperature)  # 3. score, no grad
     stats["time/score"] = time.perf_counter() - t
-
-    # the sampler's log-probs against the trainer's recomputation on the same weights (another engine, other
-    # kernels): equal up to rounding when top_p = 1 (with top_p < 1 the sampler's are of the truncated distribution)
-    gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
-    stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
-    stats["sampler_logprob_gap_max"] = parallel.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
+    if from_sampler:
+        scored["old_logprobs"] = rollout.sampler_logprobs  # [B, T]
+        if rollout.entropy is not None:
+            scored["entropy"] = rollout.entropy  # [B, T]
+    else:
+        # the sampler's log-probs against the trainer's recomputation on the same weights (another engine, other
+        # kernels): equal up to rounding when top_p = 1 (with top_p < 1 the sampler's are of the truncated
+        # distribution)
+        gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
+        stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
+        stats["sampler_logprob_gap_max"] = parallel.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
 
     t = time.perf_counter()
     values = scored.get("values")  # [B, T], or None without a critic
@@ -949,10 +976,11 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         "empty_responses": int(batch_sum(rollout.lengths == 0)),
         "groups_all_same": group_all_same(scores, cfg.group_size),
         "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(),
-        "entropy": masked_mean(scored["entropy"], mask, all_sum=every).item(),
         "lr/actor": optimizers["policy"][1].get_last_lr()[0],
         **train_stats, **stats,
     }
+    if "entropy" in scored:  # not given by a sampler that returns only the chosen tokens' log-probs (vLLM)
+        record["entropy"] = masked_mean(scored["entropy"], mask, all_sum=every).item()
     if critic is not None:
         record |= {"explained_variance": explained_variance(values, returns, mask, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),

@@ -15,11 +15,13 @@ micro-batches of 16, one PPO epoch) on the built-in arithmetic prompts:
   comes at random (about 1 in 257 tokens), so most responses run to max_new_tokens and each row costs about
   the same. The critic is a copy of the policy's backbone with a zero head (models.value_model_from_policy).
 
-Each repetition is one step through vapo's own functions, each phase timed on its own (CUDA synchronised
-around each): rollout (`HFEngine.generate`, G samples per prompt, finished rows dropped from the batch), reward
-(`reward.score_batch`), scoring (`rollout.score_rollout`: old log-probs, entropy and values, no grad),
-advantages (`vapo.advantages_and_returns`) and update (`vapo.update`: losses, backward, gradient clipping,
-AdamW and scheduler steps). Then, in the same repetition, on the same tokens:
+Each repetition is one step through vapo's own functions, each phase timed on its own (CUDA synchronised around
+each): rollout (`HFEngine.generate`, G samples per prompt, finished rows dropped from the batch), reward
+(`reward.score_batch`), scoring (`rollout.score_rollout`, no grad: the critic's values, and the policy's old
+log-probs and entropy unless vapo.old_logprobs_from_sampler takes them from the sampler, as it does for the HF
+engine at top_p 1 in float32; the policy's scoring pass is then timed apart, on the same rollout, as what
+`--old-logprobs recompute` would add), advantages (`vapo.advantages_and_returns`) and update (`vapo.update`:
+losses, backward, gradient clipping, AdamW and scheduler steps). Then, in the same repetition, on the same tokens:
 
 - the update's floor: the bare forward and backward passes of the same policy and critic (train mode, the same
   autocast and gradient checkpointing) over the same rows in the same micro-batches (the update's own
@@ -31,7 +33,8 @@ AdamW and scheduler steps). Then, in the same repetition, on the same tokens:
   with zero_grad) are timed on their own (`floor AdamW`), on the real optimizers. The update's ratio is
   update / (fwd+bwd + AdamW): what the update spends beyond the work it cannot avoid (target <= 1.15).
 - the sampling floor: a bare KV-cached decode loop over the rollout's own prompt tokens (left-padded, the
-  same B rows): one prefill (last position's logits only), then one token per step for every row,
+  same B rows): one prefill of the N distinct prompts (last position's logits only) whose KV cache is repeated
+  G times, as the rollout's own, then one token per step for every row,
   model(input_ids, attention_mask, position_ids, past_key_values=cache, use_cache=True), multinomial
   sampling from softmax(logits / temperature), for as many tokens as the rollout's longest response (its
   number of sampling steps), with no EOS bookkeeping, no log-probs and no row compaction (target: rollout /
@@ -225,9 +228,12 @@ def one_step(ctx: dict, rep: int) -> dict:
     golds = [prompts[int(i)]["answer"] for i in rollout.prompt_index]
     scores, times["reward"] = timed(device, lambda: torch.tensor(score_batch(
         rollout.texts, golds, verifier=ctx["verifier"], num_workers=ctx["workers"])).to(device))
+    from_sampler = vapo.old_logprobs_from_sampler(cfg, ctx["engine"])  # as rl_step: then the critic alone
     with vapo.autocast(cfg, device):
         scored, times["scoring"] = timed(device, lambda: rollout_mod.score_rollout(
-            policy, critic, rollout, cfg.micro_batch_size, cfg.temperature))
+            None if from_sampler else policy, critic, rollout, cfg.micro_batch_size, cfg.temperature))
+    if from_sampler:
+        scored["old_logprobs"] = rollout.sampler_logprobs
     rewards = scores.float()
     (advantages, returns, _), times["advantages"] = timed(device, lambda: vapo.advantages_and_returns(
         rollout, rewards, scored["values"], cfg))
@@ -247,22 +253,27 @@ def one_step(ctx: dict, rep: int) -> dict:
 
 @torch.no_grad()
 def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.device) -> float:
-    """Seconds of a bare KV-cached decode loop: the rollout's B left-padded prompt rows, one prefill, then
-    `steps` sampled tokens for every row (steps - 1 decode forwards), no EOS check, no compaction."""
+    """Seconds of a bare KV-cached decode loop: the rollout's B left-padded prompt rows, one prefill per prompt,
+    then `steps` sampled tokens for every row (steps - 1 decode forwards), no EOS check, no compaction."""
     cache_kw = rollout_mod._cache_kwarg(model)
     was_training = model.training
     model.eval()
 
+    G = cfg.group_size  # rows i * G + g share prompt i: one prefill per prompt, its cache repeated, as HFEngine
+
     def loop():
-        attention_mask = rollout.prompt_mask.long()
+        attention_mask = rollout.prompt_mask[::G].long()  # [N, P]
         positions = rollout_mod.position_ids(attention_mask)
-        out = model(input_ids=rollout.prompt_ids, attention_mask=attention_mask, position_ids=positions,
+        out = model(input_ids=rollout.prompt_ids[::G], attention_mask=attention_mask, position_ids=positions,
                     use_cache=True, logits_to_keep=1)
         cache = rollout_mod._output_cache(out)
+        cache.batch_repeat_interleave(G)
+        logits = out.logits[:, -1].repeat_interleave(G, 0)  # [B, V]
+        attention_mask, positions = attention_mask.repeat_interleave(G, 0), positions.repeat_interleave(G, 0)
         next_position = positions[:, -1:] + 1  # [B, 1]
         ones = attention_mask.new_ones(attention_mask.shape[0], 1)
         for t in range(steps):
-            probs = (out.logits[:, -1].float() / cfg.temperature).softmax(-1)  # [B, V]
+            probs = (logits.float() / cfg.temperature).softmax(-1)  # [B, V]
             token = torch.multinomial(probs, 1)  # [B, 1]
             if t == steps - 1:
                 break
@@ -270,6 +281,7 @@ def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.d
             out = model(input_ids=token, attention_mask=attention_mask, position_ids=next_position, use_cache=True,
                         **{cache_kw: cache})
             cache = rollout_mod._output_cache(out)
+            logits = out.logits[:, -1]
             next_position = next_position + 1
 
     try:
@@ -334,6 +346,9 @@ def repetition(ctx: dict, rep: int) -> dict:
         ctx["snapshot"].take_optimizer_states()
     rollout = step.pop("rollout")
     sampling = sampling_floor(ctx["policy"], rollout, max(rollout.T, 1), ctx["cfg"], ctx["device"])
+    with vapo.autocast(ctx["cfg"], ctx["device"]):  # what --old-logprobs recompute would add to the scoring phase
+        _, policy_scoring = timed(ctx["device"], lambda: rollout_mod.score_rollout(
+            ctx["policy"], None, rollout, ctx["cfg"].micro_batch_size, ctx["cfg"].temperature))
     upd = update_floor(ctx, rollout, step.pop("rng"))
     times = step["times"]
     floors = {"sampling": sampling, "update_fwd_bwd": upd["fwd_bwd"], "update_adamw": upd["adamw"],
@@ -341,7 +356,8 @@ def repetition(ctx: dict, rep: int) -> dict:
     ratios = {"update/floor": times["update"] / floors["update"],
               "update/fwd_bwd": times["update"] / floors["update_fwd_bwd"],
               "sampling/floor": times["rollout"] / floors["sampling"]}
-    return {**step, "floors": floors, "ratios": ratios, "optimizer_steps": upd["optimizer_steps"]}
+    return {**step, "floors": floors, "ratios": ratios, "optimizer_steps": upd["optimizer_steps"],
+            "policy_scoring": policy_scoring}
 
 
 def run_setting(setting: str, args) -> dict:
@@ -367,6 +383,7 @@ def run_setting(setting: str, args) -> dict:
     phases = {p: summary([r["times"][p] for r in reps]) for p in (*PHASES, "step")}
     floors = {f: summary([r["floors"][f] for r in reps]) for f in reps[0]["floors"]}
     ratios = {k: statistics.median(r["ratios"][k] for r in reps) for k in reps[0]["ratios"]}
+    policy_scoring = summary([r["policy_scoring"] for r in reps])
     peaks = [r["memory"] for r in reps]
     worst = max(peaks, key=lambda m: m["peak_mb"])
     return {
@@ -380,6 +397,8 @@ def run_setting(setting: str, args) -> dict:
                                                  "gradient_checkpointing", "temperature", "top_p")},
         "device": str(device), "rollouts": [r["shape"] for r in reps],
         "optimizer_steps_per_update": reps[0]["optimizer_steps"],
+        "old_logprobs": "sampler" if vapo.old_logprobs_from_sampler(cfg, engine) else "recompute",
+        "policy_scoring_pass": policy_scoring,
         "phases": phases, "floors": floors, "ratios": ratios,
         "targets": TARGETS, "meets_targets": {k: ratios[k] <= v for k, v in TARGETS.items()},
         "memory": {**worst, "per_repetition": peaks},
@@ -407,10 +426,14 @@ def table(results: dict) -> str:
             "update/fwd_bwd": f"{ra['update/fwd_bwd']:.2f}",
             "sampling/floor": f"{ra['sampling/floor']:.2f} {mark['sampling/floor']}",
             "memory": f"{mem['peak_mb']:.0f} (+{mem['delta_mb']:.0f} over {mem['before_mb']:.0f})",
+            "old_logprobs": r["old_logprobs"],
+            "policy_scoring": f"{r['policy_scoring_pass']['median_s']:.3f}",
         }[row]
 
     rows = [("params", "parameters (policy + critic)"), ("batch", "batch (rows x max new tokens)"),
-            ("lengths", "mean response / prompt tokens"), *((p, f"{p} (s)") for p in PHASES),
+            ("lengths", "mean response / prompt tokens"), ("old_logprobs", "old log-probs from"),
+            *((p, f"{p} (s)") for p in PHASES),
+            ("policy_scoring", "policy scoring pass, not in the step when from the sampler (s)"),
             ("step", "step (s)"), ("sampling", "floor: bare decode loop (s)"),
             ("update_fwd_bwd", "floor: update fwd+bwd (s)"), ("update_adamw", "floor: AdamW steps (s)"),
             ("update/floor", f"update / (fwd+bwd + AdamW), target <= {TARGETS['update/floor']}"),

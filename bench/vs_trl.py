@@ -22,18 +22,22 @@ Contenders, each one run = one fresh process, `--steps` timed rollouts after one
 - `grpo`: `python vapo.py --algo grpo` (the demo preset; no critic);
 - `vapo`: `python vapo.py --algo vapo --no-value-pretraining` (the demo preset; the critic is scored and trained
   in every step; value pretraining, a one-off of at most 30 critic-only steps before the RL phase, is left out
-  of the per-step figures).
+  of the per-step figures);
+- `grpo-recompute`, `vapo-recompute` (only when named in `--contenders`): the same with `--old-logprobs
+  recompute`, the policy's scoring pass that TRL also makes, to show what taking the sampler's log-probs saves.
 
 What is the same for all three: the shipped base model (task.ensure_base_model(), loaded in float32 by
-models.load_policy), the demo's prompts in the same order (vapo.prompt_batch of RL step s: the TRL worker
-checks that the prompts its reward function sees are those), 16 prompts x 8 samples per rollout, at most 128
-new tokens, temperature 1.0, top_p 1, no top-k, min-p or repetition penalty, two optimizer steps per rollout
-(mini-batches of 64 samples in micro-batches of 16: for TRL per_device_train_batch_size=16,
-gradient_accumulation_steps=4, steps_per_generation=8, so it computes the old log-probs in a scoring pass as
-vapo.py does), the actor learning rate and warmup of the demo preset, gradient clipping at 1.0, AdamW (TRL:
-its default fused AdamW; vapo.py: torch.optim.AdamW), the same torch threads (`--threads`; default: torch's
-default, one per core). No evaluation, no checkpoints inside the timed steps (vapo.py runs with
---eval-prompts 0; TRL with save_strategy="no").
+models.load_policy), the demo's prompts in the same order (vapo.prompt_batch of RL step s: the TRL worker checks
+that the prompts its reward function sees are those), 16 prompts x 8 samples per rollout, at most 128 new tokens,
+temperature 1.0, top_p 1, no top-k, min-p or repetition penalty, two optimizer steps per rollout (mini-batches of
+64 samples in micro-batches of 16: for TRL per_device_train_batch_size=16, gradient_accumulation_steps=4,
+steps_per_generation=8, so the second optimizer step is off-policy and TRL computes the old log-probs in a scoring
+pass; vapo.py takes them from its sampler, which drew from the same float32 weights at top_p 1: `--old-logprobs
+auto`; the contenders grpo-recompute and vapo-recompute run `--old-logprobs recompute`, a scoring pass as TRL's),
+the actor learning rate and warmup of the demo preset, gradient clipping at 1.0, AdamW (TRL: its default fused
+AdamW; vapo.py: torch.optim.AdamW), the same torch threads (`--threads`; default: torch's default, one per core).
+No evaluation, no checkpoints inside the timed steps (vapo.py runs with --eval-prompts 0; TRL with
+save_strategy="no").
 
 Timing: the wall time from the end of one rollout's last optimizer step to the end of the next one's, for
 every contender alike (TRL: a TrainerCallback's on_step_end after every second optimizer step, so a rollout's
@@ -70,7 +74,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-CONTENDERS = ("trl", "grpo", "vapo")
+CONTENDERS = ("trl", "grpo", "vapo", "grpo-recompute", "vapo-recompute")  # the last two: on request
 INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
            "pip install torch==2.13.0 -r requirements.txt trl==1.16.0")
 TRL_VERSION = "1.16.0"  # the version measured and documented; others may run, with a note
@@ -79,7 +83,9 @@ TARGETS = {"grpo": 2.0, "vapo": 1.3}  # TRL's ms per sample / ours, at least
 # per rollout): a check that everything runs, not a measurement
 TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
 COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python vapo.py --algo grpo",
-            "vapo": "python vapo.py --algo vapo --no-value-pretraining"}
+            "vapo": "python vapo.py --algo vapo --no-value-pretraining",
+            "grpo-recompute": "python vapo.py --algo grpo --old-logprobs recompute",
+            "vapo-recompute": "python vapo.py --algo vapo --no-value-pretraining --old-logprobs recompute"}
 
 
 def shapes(tiny: bool) -> dict:
@@ -118,9 +124,11 @@ def missing_trl() -> str | None:
 
 
 # --- the contenders -------------------------------------------------------------------------------------------
-def run_ours(algo: str, shape: dict, args, workdir: str) -> dict:
-    """`python vapo.py --algo ALGO` for 1 + args.steps RL steps, timed from its metrics.jsonl."""
-    out = os.path.join(workdir, algo)
+def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
+    """`python vapo.py --algo ALGO` for 1 + args.steps RL steps, timed from its metrics.jsonl. name: ALGO, or
+    ALGO-recompute for the same with a policy scoring pass for the old log-probs (--old-logprobs recompute)."""
+    algo = name.split("-")[0]
+    out = os.path.join(workdir, name)
     cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), "--preset", "demo", "--algo", algo,
            "--steps", str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--output-dir", out,
            "--overwrite", "--seed", str(shape["seed"]), "--device", "cpu"]
@@ -129,6 +137,8 @@ def run_ours(algo: str, shape: dict, args, workdir: str) -> dict:
         cmd += [f"--{k.replace('_', '-')}", str(shape[k])]
     if algo == "vapo":
         cmd.append("--no-value-pretraining")
+    if name.endswith("-recompute"):
+        cmd += ["--old-logprobs", "recompute"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -331,8 +341,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="repetitions, each one run of every contender in turn")
     ap.add_argument("--steps", type=int, default=4, help="timed rollouts per run, after one untimed warm-up rollout")
-    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
-                    help="which to run, in this order within each repetition (default: all three)")
+    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS[:3]),
+                    help="which to run, in this order within each repetition (default: trl grpo vapo; "
+                         "grpo-recompute and vapo-recompute add the policy's scoring pass for the old log-probs, "
+                         "as before --old-logprobs existed)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads of every contender (OMP_NUM_THREADS); 0 = torch's default, one per core")
     ap.add_argument("--tiny", action="store_true", help="2 prompts x 2 samples, 16 new tokens, mini-batches of 2 "

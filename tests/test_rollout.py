@@ -1,5 +1,6 @@
 """rollout.py: sampling with group structure, masks and EOS, sampler vs recomputed log-probs, value alignment,
 invariance to what sits under the masks, gradients, micro-batching."""
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -90,6 +91,19 @@ def test_sampler_logprobs_equal_recomputed(tiny_policy, tokenizer, temperature):
     assert entropy is None
     assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)
     assert (logprobs[r.response_mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.6, 1.0), (1.0, 0.7)])
+def test_sampler_entropy_equals_recomputed(tiny_policy, tokenizer, temperature, top_p):
+    """The sampler's per-token entropy is the policy's at the sampling temperature, before top-p (what the
+    trainer logs as "entropy" when it takes the old log-probs from the sampler), equal to the scoring pass's."""
+    model = with_eos_bias(tiny_policy, tokenizer, 3.0)
+    r = HFEngine(model, tokenizer, max_new_tokens=12).generate(PROMPTS, n=3, seed=1, temperature=temperature,
+                                                               top_p=top_p)
+    _, entropy = response_logprobs(model, r, temperature=temperature, with_entropy=True)
+    assert r.entropy.shape == (r.B, r.T) and r.entropy.dtype == torch.float32
+    assert (r.entropy[r.response_mask == 0] == 0).all() and (r.entropy[r.response_mask == 1] > 0).all()
+    assert torch.allclose(entropy, r.entropy, atol=ATOL, rtol=0)
 
 
 def test_greedy_matches_hf_generate(tiny_policy, tokenizer):
@@ -247,9 +261,12 @@ def test_select_to_and_cat(tiny_policy, tokenizer):
     assert moved.B == r.B and moved.T == r.T and moved.pad_id == r.pad_id
     back = Rollout.cat([r.select(slice(0, 4)), r.select(slice(4, None))])
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "lengths", "truncated",
-                 "sampler_logprobs", "prompt_index"):
+                 "sampler_logprobs", "prompt_index", "entropy"):
         assert torch.equal(getattr(back, name), getattr(r, name)), name
     assert back.texts == r.texts
+    assert torch.equal(s.entropy, r.entropy[short, :s.T])
+    no_entropy = Rollout.cat([dataclasses.replace(r.select(slice(0, 4)), entropy=None), r.select(slice(4, None))])
+    assert no_entropy.entropy is None and no_entropy.select([0]).entropy is None  # vLLM gives none
 
 
 def test_by_length_orders_rows_by_total_length(tiny_policy, tokenizer):
@@ -291,3 +308,25 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_policy, toke
     logprobs, _ = response_logprobs(model, r)
     assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)
     assert (r.response_ids[r.response_mask == 0] == r.pad_id).all()
+
+
+def test_a_group_shares_one_prefill_of_its_prompt(tiny_policy, tokenizer, monkeypatch):
+    """The prompts go through the model once (N rows, not N * G) and their KV cache is repeated G times: the
+    samples are those of G separate prefills (a cache class that cannot repeat takes that path), and the
+    log-probs recomputed in one full pass match the sampler's."""
+    import transformers
+    model = with_eos_bias(tiny_policy, tokenizer, 3.0)
+    widths = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: (widths.append(kw["input_ids"].shape), forward(*a, **kw))[1])
+    shared = HFEngine(model, tokenizer, max_new_tokens=16).generate(PROMPTS, n=4, seed=3)
+    assert widths[0][0] == len(PROMPTS) and widths[1] == (len(PROMPTS) * 4, 1)  # prefill of N rows, decode of B
+    logprobs, _ = response_logprobs(model, shared)
+    assert torch.allclose(logprobs, shared.sampler_logprobs, atol=ATOL, rtol=0)
+    owner = next(c for c in transformers.DynamicCache.__mro__ if "batch_repeat_interleave" in vars(c))
+    monkeypatch.delattr(owner, "batch_repeat_interleave")
+    widths.clear()
+    separate = HFEngine(model, tokenizer, max_new_tokens=16).generate(PROMPTS, n=4, seed=3)
+    assert any(w[0] == len(PROMPTS) * 4 and w[1] > 1 for w in widths)  # a prefill of every row
+    assert torch.equal(shared.response_ids, separate.response_ids)
+    assert torch.allclose(shared.sampler_logprobs, separate.sampler_logprobs, atol=ATOL, rtol=0)

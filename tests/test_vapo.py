@@ -254,6 +254,60 @@ def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, 
     assert set(state["optimizers"]) == ({"policy", "critic"} if algo == "ppo" else {"policy"})
 
 
+def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_policys():
+    """auto: the sampler's log-probs are PPO's old ones only from the HF engine of one process (it samples from
+    the policy itself) at top_p 1 without bf16; sampler at top_p < 1 is refused (the nucleus's log-probs are not
+    the policy's)."""
+    from types import SimpleNamespace
+    own = SimpleNamespace(own_weights=False)  # HFEngine in one process
+    copy = SimpleNamespace(own_weights=True)  # vLLM, or the HF engine of a sharded run
+    auto = Config()
+    assert vapo.old_logprobs_from_sampler(auto, own)
+    assert not vapo.old_logprobs_from_sampler(auto, copy)
+    assert not vapo.old_logprobs_from_sampler(Config(top_p=0.9), own)
+    assert not vapo.old_logprobs_from_sampler(Config(bf16=True), own)
+    assert not vapo.old_logprobs_from_sampler(Config(old_logprobs="recompute"), own)
+    assert vapo.old_logprobs_from_sampler(Config(old_logprobs="sampler"), copy)  # the user's call
+    with pytest.raises(ValueError, match="--old-logprobs: sampler needs top_p = 1"):
+        Config(old_logprobs="sampler", top_p=0.9).validate()
+    with pytest.raises(ValueError, match="--old-logprobs"):
+        Config(old_logprobs="cached").validate()
+
+
+@pytest.mark.parametrize("algo", ["vapo", "grpo"])
+def test_sampler_old_logprobs_make_the_same_step_as_a_scoring_pass(tiny_model_dir, algo):
+    """One RL step from the same weights and random state, old log-probs from the sampler against a scoring pass:
+    the same samples, the same losses and statistics to 1e-5, the same weights after the update to 1e-4 (measured
+    1.6e-5: AdamW's first steps move a weight by up to lr = 1e-3 whatever the gradient's size, so rounding in
+    a near-zero gradient shows), and the logged entropy the same. The scoring pass finds the sampler's
+    log-probs equal to its own (the logged gap)."""
+    import task
+    from models import load_policy, value_model_from_policy
+    from rollout import HFEngine
+    rows = task.make_dataset(32, seed=0, split="train")
+    out = {}
+    for mode in ("sampler", "recompute"):
+        cfg = tiny_config(tiny_model_dir, "unused", algo=algo, old_logprobs=mode,
+                          **vapo.ALGORITHMS[algo])
+        torch.manual_seed(0)
+        policy, tok = load_policy(tiny_model_dir)
+        critic = None if cfg.group_advantage else value_model_from_policy(policy)
+        optimizers = {"policy": vapo.make_optimizer(policy, cfg.actor_lr, cfg)}
+        if critic is not None:
+            optimizers["critic"] = vapo.make_optimizer(critic, cfg.critic_lr, cfg)
+        engine = HFEngine(policy, tok, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, odd_length_verifier, 0)
+        out[mode] = (record, [p.detach().clone() for m in (policy, critic) if m is not None for p in m.parameters()])
+    (fast, fast_w), (slow, slow_w) = out["sampler"], out["recompute"]
+    assert "sampler_logprob_gap_mean" not in fast and slow["sampler_logprob_gap_max"] < 1e-4
+    assert fast["response_len"] == slow["response_len"] and fast["train_acc"] == slow["train_acc"]  # same samples
+    assert 0 < fast["train_acc"] < 1  # rewards that vary (odd_length_verifier): advantages and EV are defined
+    for key in ("policy_loss", "entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "advantage_mean",
+                *(("value_loss", "explained_variance") if algo == "vapo" else ())):
+        assert math.isclose(fast[key], slow[key], rel_tol=1e-4, abs_tol=1e-5), (key, fast[key], slow[key])
+    assert max((a - b).abs().max().item() for a, b in zip(fast_w, slow_w)) < 1e-4
+
+
 def test_max_samples_stops_at_an_equal_budget_of_samples(tiny_model_dir, tmp_path):
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=5, max_samples=10,
                                      value_pretraining=False))  # 8 samples per step: 2 steps reach 10
