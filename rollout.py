@@ -166,9 +166,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     return token, logprobs.gather(-1, token[:, None]).squeeze(1), entropy
 
 
-def entropy_of(logits: torch.Tensor) -> torch.Tensor:
-    """H = logsumexp(z) - sum_v softmax(z)_v z_v over the last dimension: [..., V] float32 -> [...]."""
-    return logits.logsumexp(-1) - (logits.softmax(-1) * logits).sum(-1)
+def entropy_of(logits: torch.Tensor, logsumexp: torch.Tensor | None = None) -> torch.Tensor:
+    """H = logsumexp(z) - sum_v softmax(z)_v z_v over the last dimension: [..., V] float32 -> [...].
+    logsumexp: logits.logsumexp(-1) [...] when the caller has it already (not computed twice)."""
+    logsumexp = logits.logsumexp(-1) if logsumexp is None else logsumexp
+    return logsumexp - (logits.softmax(-1) * logits).sum(-1)
 
 
 @torch.no_grad()
@@ -372,8 +374,7 @@ def response_logprobs(model, rollout: Rollout, temperature: float = 1.0, with_en
     logprobs = torch.where(mask, chosen - logsumexp, 0.0)  # [B, T]
     entropy = None
     if with_entropy:
-        entropy = logsumexp - (logits.softmax(-1) * logits).sum(-1)  # [B, T]
-        entropy = torch.where(mask, entropy, 0.0)
+        entropy = torch.where(mask, entropy_of(logits, logsumexp), 0.0)  # [B, T]
     return logprobs, entropy
 
 
