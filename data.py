@@ -2,6 +2,8 @@
 
     load_prompts("openai/gsm8k")                        -> [{"prompt", "question", "answer"}, ...]
     load_prompts("my.jsonl", question_field="q", answer_field="a", template="raw")
+    load_data(cfg, tokenizer)                           -> (training rows, held-out rows) of a run
+    prompt_batch(rows, step, n, seed)                   -> the n prompts of a step, a pure function of the step
 
 Each row becomes {"question": the problem text, "answer": the gold answer as a string, "prompt": the exact text fed
 to the model}. The prompt template is one of
@@ -28,6 +30,11 @@ import json
 import logging
 import os
 import re
+
+import torch
+
+import task
+from reward import Verifier, arith_reward, math_reward
 
 log = logging.getLogger(__name__)
 
@@ -224,3 +231,59 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
     if not out:
         raise ValueError(f"{source}: no rows")
     return out
+
+
+# --- a run's data -------------------------------------------------------------------------------------------
+def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows) of a run (a vapo.Config): the built-in task's splits, or --dataset and
+    --eval-dataset (or the last --eval-prompts rows of --dataset). A bad file or row is the user's to fix:
+    SystemExit naming the option, the file and the row."""
+    if cfg.builtin:
+        return (task.make_dataset(20000, seed=cfg.seed, split="train"),
+                task.make_dataset(cfg.eval_prompts, seed=0, split="eval"))
+    kw = dict(question_field=cfg.question_field, answer_field=cfg.answer_field, template=cfg.template,
+              tokenizer=tokenizer)
+
+    def load(option, source, split):
+        try:
+            return load_prompts(source, split=split, **kw)
+        except (ValueError, OSError, RuntimeError, ImportError) as err:
+            raise SystemExit(f"vapo: {option} {source}: {err}") from None
+    train = load("--dataset", cfg.dataset, cfg.train_split)
+    if cfg.eval_dataset:
+        return train, load("--eval-dataset", cfg.eval_dataset, cfg.eval_split)[:cfg.eval_prompts]
+    if len(train) <= cfg.eval_prompts:
+        raise SystemExit(f"--dataset {cfg.dataset}: {len(train)} rows, too few to hold out --eval-prompts "
+                         f"{cfg.eval_prompts}; give --eval-dataset or a smaller --eval-prompts")
+    train, held_out = train[:-cfg.eval_prompts or None], train[len(train) - cfg.eval_prompts:]
+    log.info("held out the last %d rows of %s for evaluation", len(held_out), cfg.dataset)
+    return train, held_out
+
+
+def prompt_batch(rows: list[dict], step: int, n: int, seed: int) -> list[dict]:
+    """The n prompts of a step: a pass over the data in a seeded random order per epoch, a pure function of the
+    step so that a resumed run sees the same prompts as one that ran through."""
+    picked = []
+    for i in range(step * n, (step + 1) * n):
+        epoch, pos = divmod(i, len(rows))
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        picked.append(rows[int(order[pos])])
+    return picked
+
+
+def check_gold_answers(rows: list[dict], verifier: Verifier, max_bad_share: float = 0.05):
+    """Score each held-out gold answer, stated as a response, against itself before training: a gold the verifier
+    cannot read would score every sample -1 and train on noise. Stops with the rows named when more than
+    max_bad_share of them fail; a smaller share is logged with the rows (they can only ever score -1)."""
+    if not rows or verifier.fn not in (arith_reward, math_reward):  # a verifier of another kind judges otherwise
+        return
+    bad = verifier.unreadable_golds([r["answer"] for r in rows])
+    if not bad:
+        return
+    shown = "; ".join(f"row {i + 1}: {rows[i]['answer'][:60]!r}" for i in bad[:5])
+    message = (f"{len(bad)} of {len(rows)} held-out gold answers do not verify against themselves ({shown}"
+               f"{' ...' if len(bad) > 5 else ''}): the verifier cannot read them")
+    if len(bad) > max_bad_share * len(rows):
+        raise SystemExit(f"vapo: {message}. Check --answer-field and the answer format (GSM8K's '#### 42' is read; "
+                         f"a worked solution is not an answer).")
+    log.warning("%s; they are kept and will score -1", message)

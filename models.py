@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 
 import torch
 from torch import nn
@@ -154,3 +155,65 @@ def load_value_model(name_or_folder: str, dtype: torch.dtype | str | None = None
     if gradient_checkpointing:
         set_gradient_checkpointing(value, True)
     return value
+
+
+# --- a run's models -----------------------------------------------------------------------------------------
+def pick_device(name: str) -> torch.device:
+    """--device: "auto" (CUDA if available), "cpu", "cuda" or "cuda:N"; SystemExit if CUDA is asked for and absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def load_models(cfg, device: torch.device, name: str | None = None):
+    """(policy, critic, tokenizer) of a run (a vapo.Config), in float32 on device: the policy from name (default
+    cfg.model; for "builtin" the caller passes the base model's folder, task.ensure_base_model()), the critic from
+    --value-model or else from the policy's weights with a zero head; critic None with --group-advantage (GRPO and
+    DAPO have none: nothing is built). A model that cannot be found is one message (SystemExit), not a traceback."""
+    name = name or cfg.model
+    if name == "builtin":
+        raise ValueError('load_models: pass the built-in base model\'s folder as name (task.ensure_base_model())')
+    try:
+        policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
+                                        gradient_checkpointing=cfg.gradient_checkpointing)
+    except OSError as err:  # transformers' word for "no such model": not a folder here, not reachable on the hub
+        raise SystemExit(f"vapo: --model {cfg.model}: neither a model folder here nor a model the Hugging Face hub "
+                         f"gave ({str(err).splitlines()[0][:300]})") from None
+    if cfg.group_advantage:
+        critic = None
+    elif cfg.value_model:
+        critic = load_value_model(cfg.value_model, dtype=torch.float32, device=device,
+                                  gradient_checkpointing=cfg.gradient_checkpointing)
+    else:
+        critic = value_model_from_policy(policy, gradient_checkpointing=cfg.gradient_checkpointing)
+    return policy, critic, tokenizer
+
+
+# --- writing so that a kill leaves the old or the new, never a mix ------------------------------------------
+def _fsync_tree(path: str):
+    """fsync a file, or every file under a folder, so that it is on disk before it is swapped in."""
+    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def replace_atomically(tmp: str, final: str, previous: str | None = None, between=None):
+    """Swap a completely written tmp (a model folder, a checkpoint, a small file) in as final: tmp is synced to
+    disk, the old final folder is kept as `previous` (or moved aside and deleted), then tmp is renamed to final.
+    A kill at any moment leaves final, or previous, whole. between: called between the two renames (the kill
+    harness's fault point)."""
+    _fsync_tree(tmp)
+    if os.path.isdir(final):  # rename cannot replace a folder: move the old one aside first
+        aside = previous or final + ".old"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        if between is not None:
+            between()
+        os.replace(tmp, final)
+        if previous is None:
+            shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)

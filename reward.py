@@ -19,6 +19,7 @@ Public functions:
     overlong_penalty(length, max_length, cache_length)   DAPO's soft overlong punishment
     score_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
     check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
+    Verifier(fn, workers)                     a verifier and where it runs: what the trainer passes around
 
 Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
 ("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -651,3 +653,22 @@ def check_golds(golds: Sequence[str], verifier: Callable[[str, str], float], num
                          num_workers=num_workers, stats={})
     unreadable = {gold for (_, gold), score in zip(forms, scores) if score != correct}
     return [i for i, gold in enumerate(golds) if gold in unreadable]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verifier:
+    """A verifier function and where it runs, passed around the trainer as one object.
+
+    fn: (response, gold) -> reward, picklable (math_reward, arith_reward, or a functools.partial of one).
+    workers: worker processes for score_batch (None = one per CPU core, at most DEFAULT_MAX_WORKERS; 0 = in this
+    process, for cheap and safe verifiers like arith_reward)."""
+    fn: Callable[[str, str], float] = math_reward
+    workers: int | None = None
+
+    def score(self, responses: Sequence[str], golds: Sequence[str], stats: dict | None = None) -> list[float]:
+        """score_batch with this verifier: one reward per response, in order (stats: its counts)."""
+        return score_batch(responses, golds, verifier=self.fn, num_workers=self.workers, stats=stats)
+
+    def unreadable_golds(self, golds: Sequence[str]) -> list[int]:
+        """check_golds with this verifier: indices of the gold answers it cannot read."""
+        return check_golds(golds, self.fn, num_workers=self.workers)

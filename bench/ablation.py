@@ -18,7 +18,7 @@ generated samples, mean and range over seeds per row) into --out. A finished run
 so an interrupted sweep resumes, and a finished sweep only rewrites its reports. `--base weak` runs the rows
 from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py), where RL has more to
 learn than one habit. The default sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core
-machine that was also running other jobs; README.md has its table and what it shows.
+machine that was also running other jobs; docs/ablation.md has its table and what it shows.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_seeds  # noqa: E402  (same folder: runs, reads and summarises vapo.py runs)
-from vapo import PRESETS  # noqa: E402  (demo_seeds put the repository on the path)
+from config import PRESETS  # noqa: E402  (demo_seeds put the repository on the path)
 
 # (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
 ROWS = [

@@ -45,7 +45,7 @@ Before each repetition the weights are put back as loaded, and the AdamW states 
 update left them (--warmup untimed repetitions run first, default 1, so the timed ones find the AdamW states
 allocated, as every step of a run but the first does): every repetition starts from the same state, and the
 floors' AdamW steps on their dummy gradients change nothing that is measured. Prompts differ between
-repetitions (vapo.prompt_batch of step r), the random state is seeded per repetition. Figures are medians
+repetitions (data.prompt_batch of step r), the random state is seeded per repetition. Figures are medians
 over the repetitions; the ratios are medians of each repetition's ratio (phases and floors of a repetition
 run back to back, so a burst of load on a shared machine hits both). Peak memory of a step (phases 1-5): on
 CUDA torch.cuda.max_memory_allocated (reset before the step), on a CPU the peak resident set (VmHWM, reset
@@ -69,8 +69,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import config  # noqa: E402
+import data  # noqa: E402
 import demo_seeds  # noqa: E402  (machine())
+import models  # noqa: E402
 import rollout as rollout_mod  # noqa: E402
+import run  # noqa: E402
 import task  # noqa: E402
 import vapo  # noqa: E402
 
@@ -157,13 +161,14 @@ def setting_config(args) -> vapo.Config:
         over |= TINY
     if args.max_new_tokens is not None:
         over["max_new_tokens"] = args.max_new_tokens
-    return vapo.Config(**{**vapo.PRESETS["demo"], **over}).validate()
+    return vapo.Config(**{**config.PRESETS["demo"], **over}).validate()
 
 
 def build_models(setting: str, cfg: vapo.Config, device: torch.device):
     """(policy, critic, tokenizer, description) of a setting."""
     if setting == "demo":
-        policy, critic, tokenizer = vapo.load_models(cfg, device)  # the shipped base model, as the demo loads it
+        # the shipped base model, as the demo loads it
+        policy, critic, tokenizer = models.load_models(cfg, device, task.ensure_base_model(log=lambda *a: None))
         return policy, critic, tokenizer, "the shipped base model (task.ensure_base_model())"
     from transformers import Qwen2ForCausalLM
 
@@ -215,10 +220,9 @@ class Snapshot:
 def one_step(ctx: dict, rep: int) -> dict:
     """Phases 1-5 of vapo.rl_step on step `rep`'s prompts, each timed; -> {"times", "memory", "rollout", "rng"}
     (rng: the random state the update drew its mini-batch order from)."""
-    from reward import score_batch
     cfg, device, rows = ctx["cfg"], ctx["device"], ctx["rows"]
     policy, critic, optimizers = ctx["policy"], ctx["critic"], ctx["optimizers"]
-    prompts = vapo.prompt_batch(rows, rep, cfg.prompts_per_rollout, cfg.seed)
+    prompts = data.prompt_batch(rows, rep, cfg.prompts_per_rollout, cfg.seed)
     times = {}
     memory = PeakMemory(device)
     memory.start()
@@ -226,8 +230,8 @@ def one_step(ctx: dict, rep: int) -> dict:
         rollout, times["rollout"] = timed(device, lambda: ctx["engine"].generate([r["prompt"] for r in prompts],
                                                                                   n=cfg.group_size))
     golds = [prompts[int(i)]["answer"] for i in rollout.prompt_index]
-    scores, times["reward"] = timed(device, lambda: torch.tensor(score_batch(
-        rollout.texts, golds, verifier=ctx["verifier"], num_workers=ctx["workers"])).to(device))
+    scores, times["reward"] = timed(device, lambda: torch.tensor(
+        ctx["verifier"].score(rollout.texts, golds)).to(device))
     from_sampler = vapo.old_logprobs_from_sampler(cfg, ctx["engine"])  # as rl_step: then the critic alone
     with vapo.autocast(cfg, device):
         scored, times["scoring"] = timed(device, lambda: rollout_mod.score_rollout(
@@ -362,15 +366,15 @@ def repetition(ctx: dict, rep: int) -> dict:
 
 def run_setting(setting: str, args) -> dict:
     cfg = setting_config(args)
-    device = vapo.pick_device(cfg)
+    device = models.pick_device(cfg.device)
     policy, critic, tokenizer, source = build_models(setting, cfg, device)
-    rows = vapo.load_data(cfg, tokenizer)[0]
-    verifier, workers = vapo.verifier_for(cfg)
+    rows = data.load_data(cfg, tokenizer)[0]
+    verifier = run.verifier_for(cfg)
     engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                   top_p=cfg.top_p)
     optimizers = {"policy": vapo.make_optimizer(policy, cfg.actor_lr, cfg),
                   "critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
-    ctx = dict(cfg=cfg, device=device, rows=rows, verifier=verifier, workers=workers, engine=engine,
+    ctx = dict(cfg=cfg, device=device, rows=rows, verifier=verifier, engine=engine,
                policy=policy, critic=critic, optimizers=optimizers,
                snapshot=Snapshot({"policy": policy, "critic": critic}, optimizers))
     for w in range(args.warmup):  # untimed: lazy initialisations, kernel selection, the AdamW states

@@ -1,5 +1,5 @@
 """Check on one GPU, offline: a few RL steps of `--preset gpu-0.5b` on a model of Qwen2.5-0.5B's shape, with
-throughput, model FLOPs utilisation and peak memory against README.md's arithmetic.
+throughput, model FLOPs utilisation and peak memory against docs/performance.md's arithmetic.
 
     python bench/gpu_check.py                                   # 3 steps, 16 prompts x 8 samples, 512 new tokens
     python bench/gpu_check.py --prompts-per-step 64 --max-new-tokens 2048 --steps 2   # the preset's own batch
@@ -20,7 +20,7 @@ autocast, gradient checkpointing, micro-batches of 4, mini-batches of 128) with 
 --samples-per-prompt and --max-new-tokens, no held-out evaluation (--eval-prompts 0), value pretraining off
 unless --value-pretrain-steps, checkpoints at step 0 and at the end only (the real path: policy, critic and
 AdamW states, written, synced and read back). To measure, it wraps (times, synchronising the GPU, and takes the
-peak memory of) HFEngine.generate, rollout.score_rollout, vapo.update and vapo.save_checkpoint while train runs;
+peak memory of) HFEngine.generate, rollout.score_rollout, vapo.update and run.save_checkpoint while train runs;
 nothing else is changed.
 
 Reports, per RL step and in summary (medians over the steps; the first step includes CUDA's start-up):
@@ -32,10 +32,10 @@ Reports, per RL step and in summary (medians over the steps; the first step incl
   positions, so this over-counts a little), and leaves out attention's quadratic term and the recomputation of
   gradient checkpointing;
 - peak memory (torch.cuda.max_memory_allocated, reset before each call) of sampling, scoring, the update and
-  checkpointing, the largest of them as the run's peak, against README.md's arithmetic ("One GPU, 0.5B: memory
+  checkpointing, the largest of them as the run's peak, against docs/performance.md's arithmetic ("One GPU, 0.5B: memory
   arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 30 GB sampling 512 x 2,300 tokens, which
   memory_arithmetic reproduces), and the same arithmetic at this run's shapes (sequence = prompt width +
-  response width). GB here are 1e9 bytes, as in the README. On a CPU the peak resident set instead.
+  response width). GB here are 1e9 bytes, as in the docs. On a CPU the peak resident set instead.
 
 --stop-after-s: once that many seconds have passed, the script sends itself SIGTERM as soon as vapo.train's
 loop handles it, which train takes as a scheduler's stop (after the step under way, with a checkpoint), so a
@@ -65,8 +65,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_step  # noqa: E402  (PeakMemory, sync)
+from config import PRESETS  # noqa: E402
 import demo_seeds  # noqa: E402  (machine())
 import rollout as rollout_mod  # noqa: E402
+import run  # noqa: E402
 import task  # noqa: E402
 import vapo  # noqa: E402
 
@@ -83,7 +85,7 @@ QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
 TINY = dict(hidden_size=112, num_hidden_layers=2, intermediate_size=608, vocab_size=4096)
 TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16)
 
-# README.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
+# docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
 README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30)
 
 
@@ -95,7 +97,7 @@ def model_config(tokenizer, tiny: bool):
 
 
 def memory_arithmetic(params: int, config, rows: int, micro: int, seq: int) -> dict:
-    """README.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and critic; the
+    """docs/performance.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and critic; the
     bf16 KV cache of `rows` sequences of `seq` tokens; one micro-batch's checkpointed layer inputs (bf16) and its
     float32 logits, softmax and their gradient."""
     head_dim = config.hidden_size // config.num_attention_heads
@@ -179,7 +181,7 @@ class Stopper:
         while not self.done.wait(0.2):
             handler = signal.getsignal(signal.SIGTERM)
             if (time.perf_counter() - self.t0 >= self.seconds
-                    and isinstance(getattr(handler, "__self__", None), vapo.StopRequest)):
+                    and isinstance(getattr(handler, "__self__", None), run.StopRequest)):
                 logging.getLogger("gpu_check").warning("--stop-after-s %g: asking the run to stop", self.seconds)
                 self.fired.set()
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -223,7 +225,7 @@ def build_model_folder(folder: str, tiny: bool, device: torch.device, seed: int)
 
 
 def run_config(args, folder: str, run_dir: str) -> vapo.Config:
-    preset = vapo.PRESETS["gpu-0.5b"]
+    preset = PRESETS["gpu-0.5b"]
     batch = args.prompts_per_step * args.samples_per_prompt
     mini = math.gcd(batch, preset["mini_batch_size"])  # the preset's 128 where it divides the batch
     micro = math.gcd(mini, args.micro_batch_size or preset["micro_batch_size"])
@@ -318,9 +320,9 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         probe.wrap(rollout_mod.HFEngine, "generate", "generate", _generated)
-        probe.wrap(rollout_mod, "score_rollout", "score_rollout")
+        probe.wrap(vapo, "score_rollout", "score_rollout")  # as vapo.py imported it
         probe.wrap(vapo, "update", "update", _updated)
-        probe.wrap(vapo, "save_checkpoint", "save_checkpoint")
+        probe.wrap(run, "save_checkpoint", "save_checkpoint")
         t_train = time.perf_counter()
         with Stopper(args.stop_after_s if args.stop_after_s > 0 else math.inf):
             vapo.train(cfg)
@@ -374,8 +376,9 @@ def main(argv=None):
           f"checkpoints: {', '.join(f'{s:.1f} s' for s in summary['checkpoint_s'])}\n"
           f"peak memory ({memory['kind']}, GB): sampling {fmt(summary['peaks_gb']['sampling'], '.2f')}, scoring "
           f"{fmt(summary['peaks_gb']['scoring'], '.2f')}, update {fmt(summary['peaks_gb']['update'], '.2f')}\n"
-          f"README arithmetic ({readme['rows']} rows, micro-batch {readme['micro_batch']} x {readme['seq']} tokens): "
-          f"update {readme['update_peak_gb']:.1f} GB, sampling {readme['sampling_peak_gb']:.1f} GB (README says "
+          f"docs/performance.md arithmetic ({readme['rows']} rows, micro-batch {readme['micro_batch']} x "
+          f"{readme['seq']} tokens): "
+          f"update {readme['update_peak_gb']:.1f} GB, sampling {readme['sampling_peak_gb']:.1f} GB (the docs say "
           f"{README['update_gb']} and {README['sampling_gb']})\n"
           f"same arithmetic at this run's shapes ({here['rows']} rows, micro-batch {here['micro_batch']} x "
           f"{here['seq']} tokens): update {here['update_peak_gb']:.2f} GB, sampling {here['sampling_peak_gb']:.2f} GB"

@@ -10,7 +10,7 @@ so every contender gets the same torch and transformers):
 
     python3 -m venv .venv-trl && . .venv-trl/bin/activate && pip install torch==2.13.0 -r requirements.txt trl==1.16.0
 
-(`torch==2.13.0` first as in README.md's commands: the CPU build; check `python -c "import torch;
+(`torch==2.13.0` first as in README.md's two commands: the CPU build; check `python -c "import torch;
 print(torch.__version__)"` says 2.13.0+cpu after the second install too.) Without TRL the script says so and
 stops, unless `--contenders` leaves it out.
 
@@ -27,7 +27,7 @@ Contenders, each one run = one fresh process, `--steps` timed rollouts after one
   recompute`, the policy's scoring pass that TRL also makes, to show what taking the sampler's log-probs saves.
 
 What is the same for all three: the shipped base model (task.ensure_base_model(), loaded in float32 by
-models.load_policy), the demo's prompts in the same order (vapo.prompt_batch of RL step s: the TRL worker checks
+models.load_policy), the demo's prompts in the same order (data.prompt_batch of RL step s: the TRL worker checks
 that the prompts its reward function sees are those), 16 prompts x 8 samples per rollout, at most 128 new tokens,
 temperature 1.0, top_p 1, no top-k, min-p or repetition penalty, two optimizer steps per rollout (mini-batches of
 64 samples in micro-batches of 16: for TRL per_device_train_batch_size=16, gradient_accumulation_steps=4,
@@ -90,19 +90,20 @@ COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python v
 
 def shapes(tiny: bool) -> dict:
     """The batch shapes and sampling settings every contender uses: the demo preset's (or --tiny's)."""
+    import config
     import vapo
     keys = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
             "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed")
-    cfg = vapo.Config(**{**vapo.PRESETS["demo"], **(TINY if tiny else {})}).validate()
+    cfg = vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
     return {k: getattr(cfg, k) for k in keys}
 
 
 def step_prompts(shape: dict, steps: int) -> list[list[dict]]:
-    """The rows of RL steps 0 .. steps-1, as vapo.py draws them (vapo.load_data, vapo.prompt_batch)."""
+    """The rows of RL steps 0 .. steps-1, as vapo.py draws them (data.load_data, data.prompt_batch)."""
+    import data
     import task
-    import vapo
-    rows = task.make_dataset(20000, seed=shape["seed"], split="train")  # vapo.load_data's training rows
-    return [vapo.prompt_batch(rows, s, shape["prompts_per_step"], shape["seed"]) for s in range(steps)]
+    rows = task.make_dataset(20000, seed=shape["seed"], split="train")  # data.load_data's training rows
+    return [data.prompt_batch(rows, s, shape["prompts_per_step"], shape["seed"]) for s in range(steps)]
 
 
 def child_env(threads: int) -> dict:

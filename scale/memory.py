@@ -1,4 +1,4 @@
-"""Memory per GPU of a sharded VAPO run, by arithmetic (no GPU needed): what README.md's "Scaling up" table shows.
+"""Memory per GPU of a sharded VAPO run, by arithmetic (no GPU needed): what docs/scaling.md's table shows.
 
     python scale/memory.py                         # the paper's Qwen2.5-32B policy and critic, 64 and 128 GPUs
     python scale/memory.py --gpus 256 --tokens 20480 --micro 1

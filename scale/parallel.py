@@ -1,7 +1,7 @@
 """The sharded `parallel` hook of vapo.py: the batch split over the ranks of a torch.distributed world, the policy
 and the critic sharded with PyTorch FSDP2.
 
-vapo.py reads the whole batch through one object, `vapo.parallel` (see vapo.SingleProcess: the identity in one
+vapo.py reads the whole batch through one object, `vapo.parallel` (see run.SingleProcess: the identity in one
 process). `Sharded` has the same methods over every rank:
 
     all_sum(x)            dist.all_reduce(x, SUM): token counts of the token-level loss, whitening, explained
@@ -25,7 +25,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-import vapo
+from run import SingleProcess
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -39,7 +39,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-class Sharded(vapo.SingleProcess):
+class Sharded(SingleProcess):
     """vapo.parallel across the ranks of the default process group (see the module docstring).
 
     device: this rank's device (cuda:LOCAL_RANK, or cpu); reductions run there (NCCL needs CUDA tensors).

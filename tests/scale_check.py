@@ -20,6 +20,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import models  # noqa: E402
 import vapo  # noqa: E402
 
 
@@ -36,13 +37,13 @@ def gather_rows(x: torch.Tensor, T: int) -> torch.Tensor:
 def step_zero(micro: int) -> dict:
     from reward import arith_reward, score_batch
     from rollout import HFEngine, score_rollout
-    from task import make_dataset
+    from task import ensure_base_model, make_dataset
     P = vapo.parallel
     cfg = vapo.Config(model="builtin", dataset="builtin", prompts_per_step=4, samples_per_prompt=4,
                       mini_batch_size=16, micro_batch_size=micro, max_new_tokens=32, actor_lr=1e-3, critic_lr=1e-3,
                       warmup_steps=0, alpha=0.5, whiten_advantages=True).validate()
     torch.manual_seed(0)
-    policy, critic, tokenizer = vapo.load_models(cfg, torch.device("cpu"))
+    policy, critic, tokenizer = models.load_models(cfg, torch.device("cpu"), ensure_base_model(log=lambda *a: None))
     torch.nn.init.normal_(critic.score.weight, std=0.05, generator=torch.Generator().manual_seed(1))  # V != 0
     rows = make_dataset(cfg.prompts_per_step, seed=3, split="eval")
     full = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens).generate(

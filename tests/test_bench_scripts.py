@@ -41,7 +41,7 @@ def test_bench_step_tiny_writes_phases_floors_and_ratios(tmp_path):
 def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--steps", "1", "--out", str(out)])
-    assert "README arithmetic" in proc.stdout
+    assert "docs/performance.md arithmetic" in proc.stdout
     report = json.loads(out.read_text())
     assert {"machine", "date", "model", "config", "steps", "generation", "update", "memory", "wall_s"} <= report.keys()
     assert report["steps_done"] == 1 and len(report["steps"]) == 1
@@ -50,7 +50,7 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     assert shape["num_attention_heads"] == 14 and shape["num_key_value_heads"] == 2 and shape["num_hidden_layers"] == 2
     assert report["generation"]["tokens_per_s"] > 0 and report["update"]["tokens_per_s"] > 0
     assert 0 < report["update"]["mfu"] < 1
-    readme = report["memory"]["readme"]  # README.md's 33 GB (update) and 30 GB (sampling), from its arithmetic
+    readme = report["memory"]["readme"]  # docs/performance.md's 33 GB (update) and 30 GB (sampling), from its arithmetic
     assert round(readme["update_peak_gb"]) == 33 and round(readme["sampling_peak_gb"]) == 30
     assert len(report["checkpoint_s"]) == 2  # at step 0 and at the end: vapo.train's real path
 

@@ -1,5 +1,5 @@
 """bench/demo_seeds.py reads run folders and counts what learned: checked on run folders written here by hand
-(the benchmark itself runs the demo for minutes per seed; see README.md for its figures)."""
+(the benchmark itself runs the demo for minutes per seed; see docs/demo.md for its figures)."""
 import importlib.util
 import json
 import os

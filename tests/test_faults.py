@@ -17,7 +17,11 @@ import time
 import pytest
 import torch
 
+import config
+import models
+import run
 import vapo
+from reward import Verifier
 from vapo import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +70,7 @@ def test_bad_options_are_refused_naming_the_option(argv, option):
 
 
 def test_help_shows_the_demo_value_beside_the_papers():
-    text = " ".join(vapo.build_parser().format_help().split())  # argparse wraps lines
+    text = " ".join(config.build_parser(Config, vapo.ALGORITHMS).format_help().split())  # argparse wraps lines
     assert "paper: 1e-06; demo preset: 0.00015" in text  # --actor-lr: what `python vapo.py` actually uses
 
 
@@ -85,8 +89,8 @@ def test_missing_model_folder_and_missing_logger_are_named_before_a_run_folder_e
 def test_data_errors_surface_before_the_model_loads(tmp_path, monkeypatch):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"}\n')
-    monkeypatch.setattr(vapo, "load_models", lambda *a: pytest.fail("the model was loaded before the data"))
-    monkeypatch.setattr("models.load_tokenizer", lambda name: None)
+    monkeypatch.setattr(run, "load_models", lambda *a: pytest.fail("the model was loaded before the data"))
+    monkeypatch.setattr(run, "load_tokenizer", lambda name: None)
     with pytest.raises(SystemExit, match="--dataset .*bad.jsonl, line 2"):
         vapo.train(Config(**{**TINY, "dataset": str(bad), "template": "raw", "eval_prompts": 1,
                              "output_dir": str(tmp_path / "run")}).validate())
@@ -201,9 +205,9 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops_with_a_checkpoint(tiny_m
     def poisoned(*args, **kw):
         loss, stats = real(*args, **kw)
         return loss * float("nan"), stats
-    monkeypatch.setattr(losses, "policy_loss", poisoned)
+    monkeypatch.setattr(vapo, "policy_loss", poisoned)  # as vapo.py imported it
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", steps=10, max_nonfinite_steps=3, save_every=0)
-    before = {k: v.clone() for k, v in vapo.load_models(cfg, torch.device("cpu"))[0].state_dict().items()}
+    before = {k: v.clone() for k, v in models.load_models(cfg, torch.device("cpu"))[0].state_dict().items()}
     with pytest.raises(SystemExit, match="3 consecutive steps had a non-finite loss or gradient"):
         vapo.train(cfg)
     steps = [r for r in records(cfg.output_dir) if "train_acc" in r and "step" in r]
@@ -244,14 +248,14 @@ def test_degenerate_batches_have_a_defined_logged_outcome(tiny_model_dir, case):
     from reward import arith_reward
     cfg = Config(**{**TINY, "model": tiny_model_dir, "dynamic_sampling": case.startswith("dynamic"),
                     "dynamic_sampling_rounds": 1}).validate()
-    policy, critic, _ = vapo.load_models(cfg, torch.device("cpu"))
+    policy, critic, _ = models.load_models(cfg, torch.device("cpu"))
     optimizers = {"policy": vapo.make_optimizer(policy, 1e-3, cfg), "critic": vapo.make_optimizer(critic, 1e-3, cfg)}
     texts = {"all right": ["Answer: 1"], "all wrong": ["Answer: 2"], "all empty": [""], "all truncated": ["7 7 7"],
              "dynamic: nothing left": ["Answer: 1"]}[case]
     lengths = [0] if case == "all empty" else [6]
     engine = ScriptedEngine(policy, texts, lengths, truncated=case == "all truncated")
     rows = [{"prompt": "p", "answer": "1"}]
-    record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, arith_reward, 0)
+    record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, Verifier(arith_reward, 0))
     assert record["step"] == 1
     if case == "dynamic: nothing left":
         assert record["skipped_no_samples"] == 1 and record["dynamic/groups_dropped"] == 4

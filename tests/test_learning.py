@@ -1,6 +1,6 @@
 """The demo learns: `python vapo.py` (no arguments, the demo preset, from the shipped base model) run as a user
-runs it, then its held-out accuracy compared with the base model's. Slow: about 8 minutes on 2 CPU cores; CI
-runs it. bench/demo_seeds.py measures the same over several seeds and base models."""
+runs it, then its held-out accuracy compared with the base model's. Slow: about 3.5 minutes on 2 idle CPU
+cores (docs/demo.md); CI runs it. bench/demo_seeds.py measures the same over several seeds and base models."""
 import json
 import os
 import subprocess
@@ -10,8 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The README's claim, the same bar as bench/demo_seeds.py: runs differ between machines and thread counts (not
-# bit-identical), so this is one draw from the distribution that the benchmark measured (README.md), whose
+# docs/demo.md's claim, the same bar as bench/demo_seeds.py: runs differ between machines and thread counts (not
+# bit-identical), so this is one draw from the distribution that the benchmark measured (docs/demo.md), whose
 # smallest gain sat far above it; a demo that only drifts moves +-3 points.
 LEARNING_MIN_GAIN = 0.25  # held-out accuracy at the last evaluation minus the base model's, avg@k and greedy
 LENGTH_MIN_RATIO = 0.8  # the mean response length may not fall below this share of the base model's (collapse)

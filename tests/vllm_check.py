@@ -17,6 +17,7 @@ sys.path.insert(0, ROOT)
 def main(out_path: str):
     import torch
 
+    import models
     import vapo
     from reward import arith_reward, score_batch
     from rollout import HFEngine, VLLMEngine, eos_token_ids, response_logprobs, score_rollout
@@ -25,7 +26,7 @@ def main(out_path: str):
     cfg = vapo.Config(model="builtin", dataset="builtin", prompts_per_step=8, samples_per_prompt=4,
                       mini_batch_size=32, micro_batch_size=8, max_new_tokens=48, actor_lr=1e-2, warmup_steps=0,
                       group_advantage=True, value_pretraining=False, engine="vllm").validate()
-    policy, _, tokenizer = vapo.load_models(cfg, torch.device("cpu"))
+    policy, _, tokenizer = models.load_models(cfg, torch.device("cpu"), ensure_base_model(log=lambda *a: None))
     prompts = [r["prompt"] for r in make_dataset(8, seed=5, split="eval")]
     hf = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens)
     engine = VLLMEngine(ensure_base_model(log=lambda *a: None), tokenizer, eos_ids=eos_token_ids(policy, tokenizer),

