@@ -99,7 +99,8 @@ class RunOptions:
         return self.dataset == "builtin"
 
 
-# Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "paper".
+# Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "gpu-0.5b" (one GPU's budget,
+# whatever the model: the paper's 5,000 steps of 8,192 samples fit no single GPU); "paper" only when asked for.
 PRESETS: dict[str, dict] = {
     "paper": {},
     # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/demo.md). Tiny
@@ -229,7 +230,8 @@ def build_parser(cls, algorithms: dict, description: str = "") -> argparse.Argum
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      argument_default=argparse.SUPPRESS, epilog=epilog)
     parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="named set of defaults (default: demo without --model, paper with it)")
+                        help="named set of defaults, a budget (default: demo without --model, gpu-0.5b with it; "
+                             "paper: the paper's 5,000 steps of 512 prompts x 16 samples)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last checkpoint, with its saved config "
                              "(options given here, e.g. --steps, override it)")
@@ -283,7 +285,8 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
         if args.get("algo", base.get("algo", "vapo")) != base.get("algo", "vapo"):
             raise SystemExit(f"--resume {resume}: the run was {base.get('algo', 'vapo')}; --algo cannot change")
     else:
-        preset = preset or ("demo" if args.get("model", "builtin") == "builtin" else "paper")
+        chose = preset is None
+        preset = preset or ("demo" if args.get("model", "builtin") == "builtin" else "gpu-0.5b")
         algo = args.get("algo", "vapo")
         if algo not in algorithms:
             raise SystemExit(f"vapo: --algo: must be one of {', '.join(algorithms)}, got {algo!r}")
@@ -293,10 +296,12 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
     except (ValueError, TypeError) as err:
         raise SystemExit(f"vapo: {err}") from None
     if resume is None:
-        log.info("preset %s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
-                 "%s)", preset, cfg.steps, cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_new_tokens,
-                 "|".join(PRESETS))
-        if preset == "paper" and cfg.device != "cuda" and not torch.cuda.is_available():
-            log.warning("the paper preset (%d samples per step) on a machine without a GPU will look like a hang; "
-                        "for a small local model try --preset demo", cfg.batch_size)
+        why = " (the default with --model: one GPU's budget; --preset paper for the paper's)" if chose else ""
+        log.info("preset %s%s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
+                 "%s)", preset, why if preset == "gpu-0.5b" else "", cfg.steps, cfg.prompts_per_step,
+                 cfg.samples_per_prompt, cfg.max_new_tokens, "|".join(PRESETS))
+        if preset != "demo" and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            log.warning("the %s preset (%d samples per step%s) on a machine without a GPU will look like a hang; "
+                        "for a small local model try --preset demo", preset, cfg.batch_size,
+                        ", bf16 autocast: emulated on most CPUs, add --no-bf16" if cfg.bf16 else "")
     return cfg, resume, overwrite

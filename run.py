@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from data import check_gold_answers, load_data
-from models import load_models, load_tokenizer, load_value_model, pick_device, replace_atomically
+from models import found_or_exit, load_models, load_tokenizer, load_value_model, pick_device, replace_atomically
 from plots import plot_metrics
 from reward import Verifier, arith_reward, math_reward
 from task import ensure_base_model
@@ -142,7 +142,9 @@ def load_inputs(cfg, resume: bool, overwrite: bool) -> tuple:
     check_inputs(cfg)
     Run.check_folder(cfg.output_dir, resume, overwrite)
     if not cfg.builtin:
-        rows, held_out = load_data(cfg, load_tokenizer(cfg.model))
+        with found_or_exit("--model", cfg.model):
+            tokenizer = load_tokenizer(cfg.model)
+        rows, held_out = load_data(cfg, tokenizer)
     name = ensure_base_model(log=log.info) if cfg.model == "builtin" else cfg.model  # the shipped base model
     policy, critic, tokenizer = load_models(cfg, pick_device(cfg.device), name)
     if cfg.builtin:
@@ -541,7 +543,7 @@ def read_checkpoint(path: str, with_critic: bool) -> dict:
     out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
     state_path = os.path.join(path, "state.pt")
     try:
-        out["state"] = torch.load(state_path, weights_only=False)
+        out["state"] = torch.load(state_path, map_location="cpu", weights_only=True)  # tensors and plain data only
     except Exception as err:  # noqa: BLE001 - a truncated zip, a missing file, a pickle error
         raise CheckpointError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
     if not isinstance(out["state"], dict) or not {"step", "optimizers", "rng"} <= out["state"].keys():
@@ -577,7 +579,7 @@ def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
         parallel.load_optimizers(optimizers, state["optimizers"], path)
         rng = state["rng"]
         if parallel.world_size > 1:  # each process's own (sharded runs write one per process)
-            rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), weights_only=False)
+            rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), map_location="cpu", weights_only=True)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if rng["cuda"] is not None and torch.cuda.is_available():

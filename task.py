@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -56,8 +57,10 @@ import shutil
 import tempfile
 import time
 
+import torch
 from tokenizers.pre_tokenizers import ByteLevel
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from models import replace_atomically
 from reward import arith_reward
@@ -122,7 +125,6 @@ def tiny_config(tokenizer, **overrides) -> Qwen2Config:
 
 def build_tiny_policy(tokenizer, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
     """A randomly initialised tiny policy (float32), for tests and as the starting point of the warm start."""
-    import torch
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(tiny_config(tokenizer, **overrides))
 
@@ -293,7 +295,6 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
     the rates "habit_rate" and "borrow_ok_rate" (per borrow step), "other_error_rate" (per other step) and
     "lookup_rate" (per step)}.
     """
-    import torch
     # problems of one step count share a prompt length and a response length: batch them together
     jobs = sorted((p for p in problems for _ in range(samples)), key=lambda p: (p["n_steps"], p["prompt"]))
     # top_k=0: plain temperature / nucleus sampling, not generate's habit of a top-50 cut when it has a default
@@ -344,7 +345,6 @@ def format_table(results: dict[str, dict]) -> str:
 # --- the base model -----------------------------------------------------------------------------------------
 def _sft_batch(tokenizer, rng: random.Random, n_steps: int, tokens_per_batch: int):
     """One batch of demonstrations with a single step count (so almost no padding): ids, labels [B, T]."""
-    import torch
     problems = [_problem_in_split(rng, n_steps, "train")]
     approx_len = len(problems[0]["prompt"]) + len(solve(problems[0])) + 1
     size = max(tokens_per_batch // approx_len, 8)
@@ -370,8 +370,6 @@ def warm_start(model, tokenizer, steps: int = SFT_STEPS, seed: int = SFT_SEED, l
     recipe itself differ between machines, and on this 1M model it saved nothing (0.21 against 0.23 s/step,
     one AVX-512 thread).
     """
-    import torch
-    from tqdm.auto import tqdm
     rng = random.Random(f"sft/{seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / SFT_WARMUP) * (
@@ -401,7 +399,6 @@ def measure_base(model, tokenizer, per_step: int = EVAL_PER_STEP, seed: int = EV
     """Greedy and sampled (temperature 1.0) accuracy on per_step held-out problems for each step count. The
     samples are drawn from a generator seeded with `seed` (the caller's RNG state is left as it was), so the
     same weights give the same figures on the same machine."""
-    import torch
     problems = make_dataset(per_step * (MAX_STEPS - MIN_STEPS + 1), seed, split="eval")
     greedy = evaluate_accuracy(model, tokenizer, problems, temperature=0.0)
     with torch.random.fork_rng():
@@ -422,7 +419,6 @@ def build_base_model(out_dir: str, steps: int = SFT_STEPS, seed: int = SFT_SEED,
     drawn more often, 2,000 steps so that the model gets ordinary steps right and keeps only the borrow habit):
     docs/demo.md, "The base model".
     """
-    import torch
     start = time.time()
     tokenizer = build_tokenizer()
     model = build_tiny_policy(tokenizer, seed=seed, initializer_range=SFT_INIT_STD)
@@ -483,7 +479,6 @@ def base_model_path() -> str:
 def build_lock(out_dir: str, log=print):
     """An exclusive lock on <out_dir>.lock (flock: released by the OS if the holder dies), so that concurrent
     builds of one folder happen once; a process that finds it held says so and waits."""
-    import fcntl
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
     with open(os.path.abspath(out_dir) + ".lock", "w") as fh:
         try:
@@ -542,7 +537,6 @@ def main(argv=None) -> None:
                   f"--model {out}")
         acc = {k: info["eval"][k] for k in ("greedy", "sampled")}
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         path = args.model or ensure_base_model()
         print(f"{path} (weights sha256 {weights_sha256(path)[:16]}...)")
         tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import vapo  # noqa: E402
+from scale.parallel import Sharded  # noqa: E402
 
 
 def init_world() -> torch.device:
@@ -66,7 +67,6 @@ def check_sharding(cfg: vapo.Config, world_size: int):
 
 def main(argv=None):
     device = init_world()
-    from scale.parallel import Sharded
     vapo.parallel = parallel = Sharded(device)
     logging.basicConfig(level=logging.INFO if parallel.is_main else logging.WARNING,
                         format=f"%(asctime)s rank{parallel.rank} %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import config
 import models
@@ -94,6 +95,52 @@ def test_data_errors_surface_before_the_model_loads(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--dataset .*bad.jsonl, line 2"):
         vapo.train(Config(**{**TINY, "dataset": str(bad), "template": "raw", "eval_prompts": 1,
                              "output_dir": str(tmp_path / "run")}).validate())
+
+
+class _RunsCode:
+    """A pickled object that, unpickled with weights_only=False, would create a folder (any code could run)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path):
+    """state.pt loads with weights_only=True and map_location="cpu": tensors and plain data only, so a checkpoint
+    folder from someone else cannot run code when it is read, and its optimizer states do not land on a GPU first."""
+    ckpt = tmp_path / "checkpoint"
+    for model in ("policy", "critic"):
+        (ckpt / model).mkdir(parents=True)
+        save_file({"w": torch.zeros(1)}, str(ckpt / model / "model.safetensors"))
+    marker = tmp_path / "code-ran"
+    torch.save({"step": 1, "optimizers": {}, "rng": _RunsCode(str(marker))}, ckpt / "state.pt")
+    with pytest.raises(run.CheckpointError, match="state.pt: unreadable"):
+        run.read_checkpoint(str(ckpt), with_critic=True)
+    assert not marker.exists()
+    torch.save({"step": 1, "optimizers": {"policy": ({"state": {}, "param_groups": []}, {"last_epoch": 3})},
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": None}}, ckpt / "state.pt")
+    state = run.read_checkpoint(str(ckpt), with_critic=True)["state"]  # what save_checkpoint writes still loads
+    assert state["step"] == 1 and tuple(state["rng"]["python"]) == random.getstate()
+
+
+@pytest.mark.parametrize("dataset", ["builtin", "file"])
+def test_an_unreachable_hub_model_is_one_line_at_once(tmp_path, dataset):
+    """Offline (HF_HUB_OFFLINE=1), --model Qwen2.5-0.5B ends at once in one line naming the option, whether the
+    tokenizer loads first (a dataset file: the data is read before the model) or the model does."""
+    extra = []
+    if dataset == "file":
+        (tmp_path / "d.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n' * 3)
+        extra = ["--dataset", str(tmp_path / "d.jsonl"), "--eval-prompts", "1"]
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "vapo.py", "--model", "Qwen2.5-0.5B", "--output-dir", str(tmp_path / "r"),
+                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("vapo: --model Qwen2.5-0.5B: neither a model folder here nor a model the Hugging Face hub")
+    assert time.time() - t0 < 60 and not (tmp_path / "r").exists()
 
 
 def test_damaged_config_on_resume_is_a_clear_message(tmp_path):

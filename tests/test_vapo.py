@@ -79,9 +79,22 @@ def test_cli_overrides_preset_and_rejects_bad_values():
     assert cfg.steps == 7 and not cfg.clip_higher and cfg.value_clip == 0.5 and resume is None
     assert cfg.prompts_per_step == config.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
     cfg, _, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
-    assert cfg.prompts_per_step == 512 and cfg.value_clip is None  # with --model: the paper's values
+    assert cfg.value_clip is None and cfg.model == "Qwen2.5-0.5B"  # with --model: one GPU's budget, not the paper's
+    assert (cfg.steps, cfg.prompts_per_step) == (config.PRESETS["gpu-0.5b"]["steps"], 64) and cfg.bf16
+    paper, _, _ = vapo.config_from_args(["--model", "./my-model", "--preset", "paper"])
+    assert (paper.steps, paper.prompts_per_step, paper.samples_per_prompt) == (5000, 512, 16) and not paper.bf16
     with pytest.raises(SystemExit, match="--eps-high"):
         vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
+
+
+def test_the_chosen_preset_is_said(caplog):
+    with caplog.at_level("INFO", logger="vapo"):
+        vapo.config_from_args(["--model", "./my-model"])
+    assert "preset gpu-0.5b (the default with --model: one GPU's budget; --preset paper" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="vapo"):
+        vapo.config_from_args(["--model", "./my-model", "--preset", "paper"])
+    assert "preset paper:" in caplog.text and "default with --model" not in caplog.text
 
 
 def test_algo_is_a_named_set_of_switches_under_the_users_options():
@@ -182,8 +195,8 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills():
     assert rollout.prompt_index.tolist() == [0, 0, 4, 4]  # groups of later rounds are numbered after earlier ones
     # nothing varied, no refill budget left: an empty batch, which the step reports instead of training on
     cfg0 = dataclasses.replace(cfg, dynamic_sampling_rounds=0)
-    rollout, scores, stats = vapo.sample_and_reward(FakeEngine(answers), [rows["right"], rows["wrong"]], cfg0, verifier,
-                                                    refill=lambda r: pytest.fail("no extra round allowed"))
+    rollout, scores, stats = vapo.sample_and_reward(FakeEngine(answers), [rows["right"], rows["wrong"]], cfg0,
+                                                    verifier, refill=lambda r: pytest.fail("no extra round allowed"))
     assert rollout.B == 0 and stats["dynamic/groups_dropped"] == 2 and stats["samples_generated"] == 4
     # off: everything is kept, whatever the rewards
     off = dataclasses.replace(cfg, dynamic_sampling=False)
@@ -383,10 +396,10 @@ def test_command_line_runs(tiny_model_dir, tmp_path):
     assert (saved["steps"], saved["prompts_per_step"], saved["max_new_tokens"]) == (1, 2, 16)
     assert saved["alpha"] == config.PRESETS["demo"]["alpha"]
     records = read_metrics(out)
-    assert [r["step"] for r in records if "train_acc" in r] == [1] and records[-1]["step"] == 1
+    assert [r["step"] for r in records if "samples_generated" in r] == [1] and records[-1]["step"] == 1
     assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 1]
     assert [r["value_pretrain_step"] for r in records if "value_pretrain_step" in r] == [1]
-    step = next(r for r in records if "train_acc" in r)
+    step = next(r for r in records if "samples_generated" in r)
     assert step["samples_generated"] == 4 and 0 <= step["train_acc"] <= 1 and 1 <= step["response_len"] <= 16
     assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 1
     assert proc.stdout.strip().endswith(f"done: {out}")
@@ -409,7 +422,8 @@ def test_plot_frees_its_figure(tmp_path):
             "from matplotlib.figure import Figure\n"
             "if sys.argv[2] == 'no-collect':\n"
             "    run.gc = types.SimpleNamespace(collect=lambda: None)  # what plot did before\n"
-            "folder = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1], parallel=run.SingleProcess())\n"
+            "folder = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1],\n"
+            "                               parallel=run.SingleProcess())\n"
             "run.plot(folder)  # the first plot also fills matplotlib's caches\n"
             "gc.collect()\n"
             "run.plot(folder)\n"

