@@ -62,6 +62,8 @@ class RunOptions:
     """evaluation temperature (paper: 1.0)"""
     eval_top_p: float = 0.7
     """evaluation top-p (paper: 0.7)"""
+    eval_batch_size: int | None = None
+    """held-out prompts per sampling pass of an evaluation, each with eval_samples rows in the HF engine's KV cache (none = as many as a training rollout's rows: prompts_per_step x samples_per_prompt / eval_samples, at least 1); vLLM pages its own cache and ignores it"""
     save_every: int = 100
     """write a checkpoint every this many steps (and at the end; 0 = only at the end)"""
     output_dir: str | None = None
@@ -110,7 +112,8 @@ PRESETS: dict[str, dict] = {
                  mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
                  warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
                  whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
-                 overlong_cache=16),  # overlong penalty from 112 tokens: ten correct steps take 111
+                 overlong_cache=16,  # overlong penalty from 112 tokens: ten correct steps take 111
+                 eval_batch_size=200),  # the whole evaluation (800 rows of <= 128 tokens) in one pass fits a CPU
     # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
                      mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
@@ -179,6 +182,7 @@ def validate(cfg, algorithms: dict):
         (lambda: c.save_every >= 0, "save_every", "must be >= 0"),
         (lambda: c.eval_prompts >= 0, "eval_prompts", "must be >= 0"),
         (lambda: c.eval_samples >= 1, "eval_samples", "must be >= 1"),
+        (lambda: c.eval_batch_size is None or c.eval_batch_size >= 1, "eval_batch_size", "must be >= 1 (or none)"),
         (lambda: 0 < c.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
         (lambda: c.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),
         (lambda: c.template in ("base", "chat", "raw"), "template", "must be base, chat or raw"),

@@ -22,6 +22,7 @@ seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and the scoring 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import os
@@ -190,7 +191,8 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     The G = n samples of a prompt share it: the prompts go through the model once (N rows) and their KV cache is
     repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see docs/performance.md).
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
-    of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py).
+    of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py). One host sync
+    per generated token (the count of finished rows), which a GPU otherwise waits on several times a step.
     """
     device = prompt_ids.device
     eos = torch.tensor(eos_ids, device=device)
@@ -218,15 +220,16 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     steps = 0
     for t in range(max_new_tokens):
         token, logprob, h = sample_next(logits.float(), temperature, top_p, generator)  # [b] each
-        live = ~done
-        tokens[rows[live], t] = token[live]
-        logprobs[rows[live], t] = logprob[live]
-        entropy[rows[live], t] = h[live]
+        # finished rows write what they already hold (pad, 0): index by rows, no boolean mask, no host sync
+        tokens[rows, t] = token.masked_fill(done, pad_id)
+        logprobs[rows, t] = logprob.masked_fill(done, 0.0)
+        entropy[rows, t] = h.masked_fill(done, 0.0)
         steps = t + 1
         done |= torch.isin(token, eos)
-        if done.all():
+        n_done = int(done.sum())  # the one host sync of a step: stop, or compact
+        if n_done == len(rows):
             break
-        if can_compact and done.sum() >= COMPACT_FRACTION * len(rows):
+        if can_compact and n_done >= COMPACT_FRACTION * len(rows):
             keep = (~done).nonzero().squeeze(1)  # [b']
             cache.batch_select_indices(keep)
             rows, done, token = rows[keep], done[keep], token[keep]
@@ -239,6 +242,23 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
         logits = out.logits[:, -1]  # [b, V]
         next_position = next_position + 1
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]  # [B, T0] each
+
+
+@torch.no_grad()
+def kv_cache_bytes_per_token(model, autocast=None) -> int:
+    """Bytes the sampler's KV cache holds per token of one sequence, measured: a prefill of 2 tokens under
+    `autocast` (the trainer's, e.g. vapo.autocast(cfg, device)), the cache's tensors summed, divided by 2.
+
+    Under bf16 autocast with float32 weights (--bf16) transformers' cache holds K and V in float32, not bfloat16:
+    rotary embeddings return K in float32, the cache takes K's dtype and its concatenation promotes V to it. At
+    Qwen2.5-0.5B's shape that is 24 KB per token (tests/test_rollout.py; docs/performance.md's table uses it)."""
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+    with autocast if autocast is not None else contextlib.nullcontext():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+    cache = _output_cache(out)
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return sum(t.numel() * t.element_size() for t in tensors) // 2
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -287,10 +307,12 @@ class HFEngine:
             params[name].copy_(tensor)
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
-                 max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
+                 max_new_tokens: int | None = None, seed: int | None = None, batch_size: int | None = None) -> Rollout:
         """n samples of each prompt -> Rollout with B = len(prompts) * n rows, sample g of prompt i at row i*n + g.
 
         temperature 0 is greedy. seed fixes the samples (for a given batch_size) without touching the global RNG.
+        batch_size: prompts per forward pass for this call (default: the engine's), so that one KV cache holds at
+        most batch_size * n rows (an evaluation of many prompts x k samples runs in bounded batches).
         The model is put in eval mode while sampling and its previous mode restored afterwards.
         """
         temperature = self.temperature if temperature is None else temperature
@@ -302,7 +324,7 @@ class HFEngine:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-        step = self.batch_size or len(prompts)
+        step = batch_size or self.batch_size or len(prompts)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -536,9 +558,10 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
-                 max_new_tokens: int | None = None, seed: int | None = None) -> Rollout:
+                 max_new_tokens: int | None = None, seed: int | None = None, batch_size: int | None = None) -> Rollout:
         """As HFEngine.generate: B = len(prompts) * n rows, sample g of prompt i at row i*n + g; EOS included in the
-        response (mask 1); temperature 0 is greedy. seed fixes this call's samples."""
+        response (mask 1); temperature 0 is greedy. seed fixes this call's samples. batch_size is ignored: vLLM
+        schedules its own batches in a paged KV cache of fixed size."""
         from vllm import SamplingParams  # optional, as in __init__
         from vllm.inputs import TokensPrompt
         temperature = self.temperature if temperature is None else temperature

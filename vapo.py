@@ -650,8 +650,11 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[str, float]:
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
-    greedy. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is untouched."""
+    greedy. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is untouched.
+    Sampled in passes of eval_batch prompts, so that the KV cache never holds more rows than a training rollout's
+    (or --eval-batch-size prompts x k)."""
     out, rows = {}, parallel.shard(rows)  # each process evaluates its share; the figures are over all of them
+    eval_batch = cfg.eval_batch_size or max(1, cfg.batch_size // cfg.eval_samples)
     for name, n, temperature, top_p in (("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature,
                                          cfg.eval_top_p), ("greedy", 1, 0.0, 1.0)):
         if not rows:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
@@ -660,7 +663,7 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
-                                      seed=cfg.seed + 7919)
+                                      seed=cfg.seed + 7919, batch_size=eval_batch)
         golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
         scores = torch.tensor(verifier.score(rollout.texts, golds))
         out[f"eval/acc_{name}"] = batch_mean(scores > 0)

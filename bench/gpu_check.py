@@ -33,7 +33,7 @@ Reports, per RL step and in summary (medians over the steps; the first step incl
   gradient checkpointing;
 - peak memory (torch.cuda.max_memory_allocated, reset before each call) of sampling, scoring, the update and
   checkpointing, the largest of them as the run's peak, against docs/performance.md's arithmetic ("One GPU, 0.5B: memory
-  arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 30 GB sampling 512 x 2,300 tokens, which
+  arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 45 GB sampling 512 x 2,300 tokens, which
   memory_arithmetic reproduces), and the same arithmetic at this run's shapes (sequence = prompt width +
   response width). GB here are 1e9 bytes, as in the docs. On a CPU the peak resident set instead.
 
@@ -67,26 +67,22 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_step  # noqa: E402  (PeakMemory, sync)
 from config import PRESETS  # noqa: E402
 import demo_seeds  # noqa: E402  (machine())
+from qwen_proxy import QWEN25_05B  # noqa: E402
 import rollout as rollout_mod  # noqa: E402
 import run  # noqa: E402
 import task  # noqa: E402
 import vapo  # noqa: E402
 
-# Qwen2.5-0.5B's config.json (Qwen/Qwen2.5-0.5B): hidden_size 896, num_hidden_layers 24, num_attention_heads 14,
-# num_key_value_heads 2 (head_dim 896 / 14 = 64), intermediate_size 4864, vocab_size 151936, tie_word_embeddings
-# true, rope_theta 1e6, rms_norm_eps 1e-6, max_position_embeddings 32768, SiLU; 0.49B parameters (0.36B without
-# the embedding). Figures from the model card and config as we know them, cross-checked against copies of that
-# config in other public code; this file never downloads it. The count built here is 494,032,768.
-QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
-                  rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_act="silu")
 # --tiny: the same shape of layer at 1/8 of the width (14 heads of 8, 2 KV heads), 2 layers, a 4,096-token
 # vocabulary (still larger than the tokenizer's, as in the full check), so a CPU runs a step in seconds.
 TINY = dict(hidden_size=112, num_hidden_layers=2, intermediate_size=608, vocab_size=4096)
 TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16)
 
 # docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
-README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30)
+README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=45)
+# bytes of one cached K or V element while sampling under --bf16 with float32 weights: float32, measured
+# (rollout.kv_cache_bytes_per_token, tests/test_rollout.py)
+KV_BYTES = 4
 
 
 def model_config(tokenizer, tiny: bool):
@@ -97,13 +93,13 @@ def model_config(tokenizer, tiny: bool):
 
 
 def memory_arithmetic(params: int, config, rows: int, micro: int, seq: int) -> dict:
-    """docs/performance.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and critic; the
-    bf16 KV cache of `rows` sequences of `seq` tokens; one micro-batch's checkpointed layer inputs (bf16) and its
-    float32 logits, softmax and their gradient."""
+    """docs/performance.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and
+    critic; the KV cache of `rows` sequences of `seq` tokens (KV_BYTES per element); one micro-batch's
+    checkpointed layer inputs (bf16) and its float32 logits, softmax and their gradient."""
     head_dim = config.hidden_size // config.num_attention_heads
     items = {
         "weights_grads_adamw_both": 2 * params * (4 + 4 + 8),
-        "kv_cache": config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2 * rows * seq,
+        "kv_cache": config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * KV_BYTES * rows * seq,
         "checkpointed_inputs": config.num_hidden_layers * micro * seq * config.hidden_size * 2,
         "logits": 3 * micro * seq * config.vocab_size * 4,
     }

@@ -330,3 +330,21 @@ def test_a_group_shares_one_prefill_of_its_prompt(tiny_policy, tokenizer, monkey
     assert any(w[0] == len(PROMPTS) * 4 and w[1] > 1 for w in widths)  # a prefill of every row
     assert torch.equal(shared.response_ids, separate.response_ids)
     assert torch.allclose(shared.sampler_logprobs, separate.sampler_logprobs, atol=ATOL, rtol=0)
+
+
+def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
+    """The measurement behind docs/performance.md's KV-cache row: at Qwen2.5-0.5B's attention shape (hidden 896,
+    14 heads, 2 KV heads of 64), per layer and token, float32 weights under bf16 autocast (--bf16) cache K and V in
+    float32 (4 bytes each: rotary promotes K, the cache's concatenation promotes V), not the bfloat16 an
+    arithmetic would assume; bfloat16 weights cache 2 bytes each. A change in transformers changes these numbers,
+    and then the docs' table must change with them."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rollout import kv_cache_bytes_per_token
+    config = Qwen2Config(hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    per_layer = 2 * 2 * 64  # K and V, 2 heads of 64
+    assert kv_cache_bytes_per_token(model) == 2 * per_layer * 4
+    assert kv_cache_bytes_per_token(model, torch.autocast("cpu", dtype=torch.bfloat16)) == 2 * per_layer * 4
+    assert kv_cache_bytes_per_token(model.to(torch.bfloat16)) == 2 * per_layer * 2

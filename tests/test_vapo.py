@@ -14,7 +14,7 @@ import config
 import data
 import run
 import vapo
-from reward import Verifier
+from reward import Verifier, arith_reward
 from vapo import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +179,6 @@ class FakeEngine:
 
 
 def test_dynamic_sampling_keeps_varied_groups_and_refills():
-    from reward import arith_reward
     answers = {"mixed": ["1", "0"], "right": ["1", "1"], "wrong": ["0", "0"], "mixed2": ["0", "1"]}
     rows = {k: {"prompt": k, "answer": "1"} for k in answers}
     cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, dynamic_sampling=True,
@@ -437,3 +436,25 @@ def test_plot_frees_its_figure(tmp_path):
     assert (tmp_path / "curves.png").exists()
     assert left["collect"] == 0
     assert left["no-collect"] >= 1  # without the collection the figures wait, alive or garbage (the test can fail)
+
+
+def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
+    """Held-out prompts x k are sampled in passes of at most a training rollout's rows (or --eval-batch-size
+    prompts x k), not in one KV cache for the whole evaluation; greedy results do not depend on the passes."""
+    from rollout import HFEngine
+    from task import make_dataset
+    rows = make_dataset(6, seed=0, split="eval")
+    engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
+    widths = []
+    forward = tiny_policy.forward
+    tiny_policy.forward = lambda *a, **kw: (widths.append(kw["input_ids"].shape[0]), forward(*a, **kw))[1]
+    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=8)
+    verifier = Verifier(arith_reward, 0)
+    bounded = vapo.evaluate(engine, rows, cfg, verifier)
+    assert max(widths) == 4  # 2 prompts x 2 samples per pass, never the 12 rows of all 6 prompts at once
+    widths.clear()
+    whole = vapo.evaluate(engine, rows, dataclasses.replace(cfg, eval_batch_size=6), verifier)
+    assert max(widths) == 12 and whole["eval/acc_greedy"] == bounded["eval/acc_greedy"]
+    assert whole["eval/response_len_greedy"] == bounded["eval/response_len_greedy"]
+    with pytest.raises(ValueError, match="--eval-batch-size"):
+        Config(eval_batch_size=0).validate()

@@ -42,7 +42,8 @@ class StubLLM:
         eos = params.kwargs["stop_token_ids"][0]
         lp = types.SimpleNamespace
         return [types.SimpleNamespace(outputs=[
-            types.SimpleNamespace(index=g, token_ids=[7, eos], logprobs=[{7: lp(logprob=-0.5)}, {eos: lp(logprob=-0.1)}])
+            types.SimpleNamespace(index=g, token_ids=[7, eos],
+                                  logprobs=[{7: lp(logprob=-0.5)}, {eos: lp(logprob=-0.1)}])
             for g in range(params.kwargs["n"])]) for _ in prompts]
 
 
