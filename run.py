@@ -201,7 +201,6 @@ class Run:
         self.t0 = time.perf_counter()
         self.writer = None
         self.stop = StopRequest()
-        self.models = None
         if parallel.is_main:  # one process writes the run folder
             if cfg.report_to == "tensorboard":
                 from torch.utils.tensorboard import SummaryWriter  # optional: check_inputs found it installed
