@@ -3,10 +3,22 @@ throughput, model FLOPs utilisation and peak memory against docs/performance.md'
 
     python bench/gpu_check.py                                   # 3 steps, 16 prompts x 8 samples, 512 new tokens
     python bench/gpu_check.py --prompts-per-step 64 --max-new-tokens 2048 --steps 2   # the preset's own batch
-    python bench/gpu_check.py --stop-after-s 240                # stop after the step under way at 4 minutes
+    python bench/gpu_check.py --budget-s 300                    # the whole check in about 5 minutes
+    python bench/gpu_check.py --parts train evaluate            # leave out the vLLM engine
     python bench/gpu_check.py --tiny --device cpu --steps 1     # a 2-layer version on a CPU (the test)
 
-No download and no vLLM: the model is built here from a Qwen2Config of Qwen2.5-0.5B's shape (QWEN25_05B: hidden
+Three parts, each in its share of --budget-s (default 540 s, so that the check fits 10 minutes with the model's
+build; train 45%, evaluation 20%, vLLM 35%):
+- train: vapo.train for --steps RL steps (below); it stops after the step under way once its share is spent;
+- evaluate: vapo.evaluate over --eval-prompts held-out prompts (avg@k and greedy, in the bounded passes a run
+  uses) with the HF engine on the same model; the prompts are cut to what the train part's generation speed says
+  fits its share, and the report says so;
+- vllm: where vLLM is installed, vapo.train again for --vllm-steps steps with --engine vllm: the engine's start,
+  its generation, its sleep during the update and the weight sync after it (wake the weights, write them, wake
+  the KV cache), timed one by one, with the device memory in use after each (vLLM's memory pool is not torch's,
+  so torch's peak counters do not see it). Skipped, and said, where vLLM is not installed.
+
+No download: the model is built here from a Qwen2Config of Qwen2.5-0.5B's shape (QWEN25_05B: hidden
 896, 24 layers, 14 attention heads and 2 KV heads of 64 dimensions, intermediate 4864, vocabulary 151,936, tied
 embeddings; 494,032,768 parameters, the published 0.49B) with random weights, saved with the built-in task's
 byte-level tokenizer (task.build_tokenizer(), 257 tokens; EOS = pad = id 256) into a temporary folder, and
@@ -33,18 +45,19 @@ Reports, per RL step and in summary (medians over the steps; the first step incl
   gradient checkpointing;
 - peak memory (torch.cuda.max_memory_allocated, reset before each call) of sampling, scoring, the update and
   checkpointing, the largest of them as the run's peak, against docs/performance.md's arithmetic ("One GPU, 0.5B: memory
-  arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 45 GB sampling 512 x 2,300 tokens, which
+  arithmetic": 33 GB at an update of micro-batch 4 x 2,300 tokens, 30 GB sampling 512 x 2,300 tokens, which
   memory_arithmetic reproduces), and the same arithmetic at this run's shapes (sequence = prompt width +
   response width). GB here are 1e9 bytes, as in the docs. On a CPU the peak resident set instead.
 
---stop-after-s: once that many seconds have passed, the script sends itself SIGTERM as soon as vapo.train's
-loop handles it, which train takes as a scheduler's stop (after the step under way, with a checkpoint), so a
-time-boxed run still reports. Writes JSON
-to --out (default runs/gpu_check.json) and prints a summary.
+A part's time box works through the stop a scheduler sends: once the share is spent the script sends itself
+SIGTERM as soon as vapo.train's loop handles it, which train takes as a scheduler's stop (after the step under
+way, with a checkpoint), so a time-boxed run still reports (--stop-after-s sets the train part's box itself).
+Writes JSON to --out (default runs/gpu_check.json) and prints a summary.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -66,6 +79,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_step  # noqa: E402  (PeakMemory, sync)
 from config import PRESETS  # noqa: E402
+from data import load_data  # noqa: E402
 import demo_seeds  # noqa: E402  (machine())
 from qwen_proxy import QWEN25_05B  # noqa: E402
 import rollout as rollout_mod  # noqa: E402
@@ -73,16 +87,19 @@ import run  # noqa: E402
 import task  # noqa: E402
 import vapo  # noqa: E402
 
-# --tiny: the same shape of layer at 1/8 of the width (14 heads of 8, 2 KV heads), 2 layers, a 4,096-token
-# vocabulary (still larger than the tokenizer's, as in the full check), so a CPU runs a step in seconds.
-TINY = dict(hidden_size=112, num_hidden_layers=2, intermediate_size=608, vocab_size=4096)
-TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16)
+# --tiny: heads of the real 64 dimensions with grouped KV (4 heads, 2 KV heads: a head size vLLM's CPU attention
+# supports), 2 layers, a 4,096-token vocabulary (still larger than the tokenizer's, as in the full check), so a
+# CPU runs a step in seconds.
+TINY = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+            intermediate_size=1024, vocab_size=4096)
+TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, eval_prompts=2, vllm_steps=1)
+SHARES = dict(train=0.45, evaluate=0.20, vllm=0.35)  # of --budget-s
 
 # docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
-README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=45)
-# bytes of one cached K or V element while sampling under --bf16 with float32 weights: float32, measured
-# (rollout.kv_cache_bytes_per_token, tests/test_rollout.py)
-KV_BYTES = 4
+README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30)
+# bytes of one cached K or V element while sampling under --bf16 with float32 weights: the sampler's preallocated
+# cache stores bf16 (rollout.kv_cache_bytes_per_token, tests/test_rollout.py)
+KV_BYTES = 2
 
 
 def model_config(tokenizer, tiny: bool):
@@ -115,6 +132,7 @@ class Probe:
 
     def __init__(self, device: torch.device):
         self.device, self.records, self._undo = device, [], []
+        self.phase = "train"  # which part of the check the records belong to
 
     def wrap(self, owner, name: str, what: str, describe=None):
         original = getattr(owner, name)
@@ -127,7 +145,11 @@ class Probe:
             t0 = time.perf_counter()
             out = original(*args, **kwargs)
             bench_step.sync(self.device)
-            record = {"what": what, "seconds": time.perf_counter() - t0, "peak_gb": memory.stop()["peak_mb"] / 1e3}
+            record = {"what": what, "phase": self.phase, "seconds": time.perf_counter() - t0,
+                      "peak_gb": memory.stop()["peak_mb"] / 1e3}
+            if self.device.type == "cuda":  # all of the device's memory in use, vLLM's pool included
+                free, total = torch.cuda.mem_get_info(self.device)
+                record["device_used_gb"] = round((total - free) / 1e9, 3)
             if describe is not None:
                 record |= describe(args, kwargs, out)
             self.records.append(record)
@@ -220,7 +242,7 @@ def build_model_folder(folder: str, tiny: bool, device: torch.device, seed: int)
     return config, params
 
 
-def run_config(args, folder: str, run_dir: str) -> vapo.Config:
+def run_config(args, folder: str, run_dir: str, **changes) -> vapo.Config:
     preset = PRESETS["gpu-0.5b"]
     batch = args.prompts_per_step * args.samples_per_prompt
     mini = math.gcd(batch, preset["mini_batch_size"])  # the preset's 128 where it divides the batch
@@ -231,12 +253,13 @@ def run_config(args, folder: str, run_dir: str) -> vapo.Config:
                                                                                  args.max_new_tokens),
                 value_pretrain_steps=args.value_pretrain_steps, eval_prompts=0, eval_every=0, save_every=0,
                 output_dir=run_dir, device=args.device, seed=args.seed, report_to="none")
-    return vapo.Config(**{**preset, **over}).validate()
+    return vapo.Config(**{**preset, **over, **changes}).validate()
 
 
 def summarise(probe: Probe, params: dict, args) -> dict:
-    gens = [r for r in probe.records if r["what"] == "generate"]
-    updates = [r for r in probe.records if r["what"] == "update" and r["train_policy"]]
+    train = [r for r in probe.records if r["phase"] == "train"]
+    gens = [r for r in train if r["what"] == "generate"]
+    updates = [r for r in train if r["what"] == "update" and r["train_policy"]]
     flops_per_token = 6 * (params["policy"] + params["critic"])
     steps = []
     for i, (g, u) in enumerate(zip(gens[-len(updates):] if updates else [], updates)):
@@ -252,7 +275,7 @@ def summarise(probe: Probe, params: dict, args) -> dict:
         return statistics.median(s[key] for s in steps) if steps else None
 
     def peak(what):
-        values = [r["peak_gb"] for r in probe.records if r["what"] == what]
+        values = [r["peak_gb"] for r in train if r["what"] == what]
         return round(max(values), 3) if values else None
 
     return {"steps": steps,
@@ -264,8 +287,65 @@ def summarise(probe: Probe, params: dict, args) -> dict:
                        "flops_per_token": flops_per_token},
             "peaks_gb": {"sampling": peak("generate"), "scoring": peak("score_rollout"), "update": peak("update"),
                          "checkpoint": peak("save_checkpoint")},
-            "checkpoint_s": [round(r["seconds"], 2) for r in probe.records if r["what"] == "save_checkpoint"],
-            "scoring_s": [round(r["seconds"], 3) for r in probe.records if r["what"] == "score_rollout"]}
+            "checkpoint_s": [round(r["seconds"], 2) for r in train if r["what"] == "save_checkpoint"],
+            "scoring_s": [round(r["seconds"], 3) for r in train if r["what"] == "score_rollout"]}
+
+
+def evaluation_part(args, cfg, folder: str, device: torch.device, box_s: float, tokens_per_s: float | None) -> dict:
+    """vapo.evaluate as a run calls it (HF engine, autocast, bounded passes) on the model folder, over as many of
+    --eval-prompts as the box holds at the train part's generation speed (the random model runs every response to
+    max_new_tokens: (eval_samples + 1) x max_new_tokens tokens a prompt)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokens_per_prompt = (cfg.eval_samples + 1) * cfg.max_new_tokens
+    prompts = args.eval_prompts
+    if tokens_per_s:
+        prompts = max(1, min(prompts, int(box_s * tokens_per_s / tokens_per_prompt)))
+    cfg = dataclasses.replace(cfg, eval_prompts=prompts)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    policy = AutoModelForCausalLM.from_pretrained(folder).to(device)
+    engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                  top_p=cfg.top_p)
+    _, held_out = load_data(cfg, tokenizer)
+    memory = bench_step.PeakMemory(device)
+    memory.start()
+    t0 = time.perf_counter()
+    result = vapo.evaluate(engine, held_out, cfg, run.verifier_for(cfg))
+    bench_step.sync(device)
+    seconds = time.perf_counter() - t0
+    out = {"prompts": prompts, "asked": args.eval_prompts, "eval_samples": cfg.eval_samples,
+           "rows_per_pass": (cfg.eval_batch_size or max(1, cfg.batch_size // cfg.eval_samples)) * cfg.eval_samples,
+           "seconds": round(seconds, 2), "box_s": round(box_s, 1), "peak_gb": round(memory.stop()["peak_mb"] / 1e3, 3),
+           "tokens_per_s": sum(result[f"eval/response_len_{name}"] * prompts * n for name, n in
+                               ((f"avg@{cfg.eval_samples}", cfg.eval_samples), ("greedy", 1))) / seconds,
+           "result": result}
+    del engine, policy
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def vllm_part(args, folder: str, workdir: str, probe: Probe, box_s: float) -> dict:
+    """vapo.train with --engine vllm for --vllm-steps steps, in its box; the engine's calls timed by the probe."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return {"skipped": "vllm is not installed on this machine"}
+    cfg = run_config(args, folder, os.path.join(workdir, "run-vllm"), engine="vllm", steps=args.vllm_steps)
+    probe.phase = "vllm"
+    probe.wrap(vapo, "make_engine", "engine start")  # as vapo.py imported it
+    for name in ("generate", "sleep", "load_weights"):
+        probe.wrap(rollout_mod.VLLMEngine, name, f"vllm {name}", _generated if name == "generate" else None)
+    t0 = time.perf_counter()
+    with Stopper(box_s):
+        vapo.train(cfg)
+    calls = [r for r in probe.records if r["phase"] == "vllm"]
+    gens = [r for r in calls if r["what"] == "vllm generate"]
+    return {"seconds": round(time.perf_counter() - t0, 1), "box_s": round(box_s, 1),
+            "steps_done": len([r for r in read_records(os.path.join(cfg.output_dir, "metrics.jsonl"))
+                               if "step" in r and "time/step" in r]),
+            "generation_tokens_per_s": statistics.median(r["tokens"] / r["seconds"] for r in gens) if gens else None,
+            "calls": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "phase"}
+                      for r in calls]}
 
 
 def main(argv=None):
@@ -282,16 +362,24 @@ def main(argv=None):
     parser.add_argument("--peak-tflops", type=float, default=989.0,
                         help="the GPU's dense bf16 peak, for MFU (default 989: H100/H200 SXM)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 112, vocabulary 4096; 2 prompts x 2 "
+    parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 256, vocabulary 4096; 2 prompts x 2 "
                                                             "samples, 16 new tokens (a check that it runs)")
-    parser.add_argument("--stop-after-s", type=float, default=0, help="stop after the step under way once this "
-                                                                      "many seconds have passed (0: never)")
+    parser.add_argument("--budget-s", type=float, default=540, help="the whole check's time, shared by its parts "
+                                                                   "(default 540: 10 minutes with the setup)")
+    parser.add_argument("--parts", nargs="+", choices=tuple(SHARES), default=list(SHARES))
+    parser.add_argument("--stop-after-s", type=float, default=0, help="the train part's box instead of its share of "
+                                                                      "--budget-s (0: the share)")
+    parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts of the evaluation part "
+                                                                       "(default 64, 2 with --tiny), cut to its box")
+    parser.add_argument("--vllm-steps", type=int, default=None, help="RL steps of the vLLM part (default 2, 1 with "
+                                                                     "--tiny)")
     parser.add_argument("--workdir", default=None, help="model and run folder (default: a temporary folder, "
                                                         "deleted at the end); a 0.5B run writes about 25 GB there")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join("runs", "gpu_check.json"))
     args = parser.parse_args(argv)
-    defaults = TINY_RUN if args.tiny else dict(prompts_per_step=16, samples_per_prompt=8, max_new_tokens=512)
+    defaults = TINY_RUN if args.tiny else dict(prompts_per_step=16, samples_per_prompt=8, max_new_tokens=512,
+                                               eval_prompts=64, vllm_steps=2)
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -320,10 +408,19 @@ def main(argv=None):
         probe.wrap(vapo, "update", "update", _updated)
         probe.wrap(run, "save_checkpoint", "save_checkpoint")
         t_train = time.perf_counter()
-        with Stopper(args.stop_after_s if args.stop_after_s > 0 else math.inf):
-            vapo.train(cfg)
+        records, parts = [], {}
+        if "train" in args.parts:
+            with Stopper(args.stop_after_s or SHARES["train"] * args.budget_s):
+                vapo.train(cfg)
+            records = read_records(os.path.join(run_dir, "metrics.jsonl"))
         train_s = time.perf_counter() - t_train
-        records = read_records(os.path.join(run_dir, "metrics.jsonl"))
+        probe.phase = "evaluate"
+        if "evaluate" in args.parts:
+            done = [r for r in probe.records if r["what"] == "generate" and r["phase"] == "train"]
+            speed = sum(r["tokens"] for r in done) / sum(r["seconds"] for r in done) if done else None
+            parts["evaluate"] = evaluation_part(args, cfg, folder, device, SHARES["evaluate"] * args.budget_s, speed)
+        if "vllm" in args.parts:
+            parts["vllm"] = vllm_part(args, folder, workdir, probe, SHARES["vllm"] * args.budget_s)
     finally:
         probe.undo()
         if args.workdir is None:
@@ -353,7 +450,8 @@ def main(argv=None):
                                                        "ppo_epochs", "bf16", "gradient_checkpointing")},
               "steps_done": len(rl), "step_times": [{k: v for k, v in r.items() if k.startswith("time/")} for r in rl],
               **{k: summary[k] for k in ("steps", "generation", "update", "checkpoint_s", "scoring_s")},
-              "memory": memory, "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - t_start, 1)}
+              "memory": memory, "train_s": round(train_s, 1), **parts,
+              "wall_s": round(time.perf_counter() - t_start, 1)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
@@ -378,7 +476,32 @@ def main(argv=None):
           f"{README['update_gb']} and {README['sampling_gb']})\n"
           f"same arithmetic at this run's shapes ({here['rows']} rows, micro-batch {here['micro_batch']} x "
           f"{here['seq']} tokens): update {here['update_peak_gb']:.2f} GB, sampling {here['sampling_peak_gb']:.2f} GB"
-          f"\nwrote {args.out}")
+          + evaluation_line(parts.get("evaluate")) + vllm_line(parts.get("vllm")) + f"\nwrote {args.out}")
+
+
+def evaluation_line(e) -> str:
+    if e is None:
+        return ""
+    cut = f", cut from {e['asked']} to fit {e['box_s']:.0f} s" if e["prompts"] < e["asked"] else ""
+    return (f"\nevaluation: {e['prompts']} prompts x ({e['eval_samples']} + greedy){cut}, passes of "
+            f"{e['rows_per_pass']} rows: {e['seconds']:.1f} s, {e['tokens_per_s']:,.0f} tokens/s, peak "
+            f"{e['peak_gb']:.2f} GB")
+
+
+def vllm_line(v) -> str:
+    if v is None:
+        return ""
+    if "skipped" in v:
+        return f"\nvLLM: skipped ({v['skipped']})"
+    each = {}
+    for c in v["calls"]:
+        each.setdefault(c["what"], []).append(c["seconds"])
+    used = [c["device_used_gb"] for c in v["calls"] if "device_used_gb" in c]
+    speed = v["generation_tokens_per_s"]
+    return (f"\nvLLM: {v['steps_done']} steps in {v['seconds']:.0f} s (box {v['box_s']:.0f} s); generation "
+            f"{'n/a' if speed is None else format(speed, ',.0f')} tokens/s; "
+            + ", ".join(f"{k} {statistics.median(t):.2f} s (x{len(t)})" for k, t in each.items())
+            + (f"; device memory in use up to {max(used):.1f} GB" if used else ""))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ during the update):
 - update: one micro-batch of 4 x 2,300 tokens (a 252-token prompt and a 2,048-token response), the policy's
   forward and backward through rollout.response_logprobs (float32 logits of the response positions) with a
   token-mean loss, then the critic's through rollout.response_values with a squared error; the larger peak.
-- sampling: the last decode step of 512 rows (64 prompts x 8) whose KV cache holds 2,299 tokens, in the cache
-  dtype transformers keeps under --bf16 with float32 weights (float32: rollout.kv_cache_bytes_per_token).
+- sampling: the last decode step of 512 rows (64 prompts x 8) whose KV cache holds 2,299 tokens, in the sampler's
+  own cache (rollout.PreallocatedLayer: every column allocated at the start, bf16 under --bf16).
 - evaluation: the same for one pass of an evaluation (vapo.evaluate: 64 prompts x 8 = 512 rows, the bound), and
   for all 200 held-out prompts x 8 in one pass (1,600 rows: what evaluation held before it was bounded).
 What this leaves out: the allocator's fragmentation and caching, kernels' workspaces (a fused attention's), CUDA
@@ -29,7 +29,7 @@ import sys
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
-from transformers import AutoModelForTokenClassification, DynamicCache, Qwen2ForCausalLM
+from transformers import AutoModelForTokenClassification, Qwen2ForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import demo_seeds  # noqa: E402  (machine())
 import qwen_proxy  # noqa: E402
 from models import set_gradient_checkpointing  # noqa: E402
-from rollout import Rollout, response_logprobs, response_values  # noqa: E402
+from rollout import Rollout, preallocated_cache, response_logprobs, response_values  # noqa: E402
 
 GB = 1e9
 AMP = dict(device_type="cpu", dtype=torch.bfloat16)
@@ -111,9 +111,10 @@ def measure_decode(layers: int, rows: int, cached: int) -> dict:
 
     def step():
         with torch.no_grad(), torch.autocast(**AMP):
-            cache = DynamicCache(config=config)
-            for layer in range(config.num_hidden_layers):  # float32: what the sampler's cache holds (see above)
-                kv = torch.zeros(rows, config.num_key_value_heads, cached, head_dim)
+            # the sampler's cache (rollout.sample): preallocated for every column, in the autocast dtype
+            cache = preallocated_cache(policy, cached + 1, AMP["dtype"])
+            for layer in range(config.num_hidden_layers):
+                kv = torch.zeros(rows, config.num_key_value_heads, cached, head_dim, dtype=AMP["dtype"])
                 cache.update(kv, kv.clone(), layer)
             ids = torch.ones((rows, 1), dtype=torch.long)
             mask = torch.ones((rows, cached + 1), dtype=torch.long)

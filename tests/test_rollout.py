@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from models import value_model_from_policy
+import rollout
 from rollout import HFEngine, Rollout, by_length, response_logprobs, response_values, score_rollout
 
 PROMPTS = ["1+2=", "a much longer prompt, to pad the others:", "xyz"]  # different lengths -> left padding
@@ -296,10 +297,10 @@ def test_by_length_returns_indices_on_the_rollouts_device(tiny_policy, tokenizer
 def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(tiny_policy, tokenizer, monkeypatch):
     """Rows that finished are dropped from the batch and the KV cache mid-generation; the log-probs recomputed in
     one full forward pass still match the sampler's on every remaining token, so no row read another's cache."""
-    import transformers
+    from transformers.cache_utils import Cache
     selected = []
-    original = transformers.DynamicCache.batch_select_indices
-    monkeypatch.setattr(transformers.DynamicCache, "batch_select_indices",
+    original = Cache.batch_select_indices
+    monkeypatch.setattr(Cache, "batch_select_indices",
                         lambda self, idx: (selected.append(len(idx)), original(self, idx))[1])
     model = with_eos_bias(tiny_policy, tokenizer, 3.0)
     r = HFEngine(model, tokenizer, max_new_tokens=24).generate(PROMPTS, n=4, seed=0)
@@ -334,10 +335,10 @@ def test_a_group_shares_one_prefill_of_its_prompt(tiny_policy, tokenizer, monkey
 
 def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
     """The measurement behind docs/performance.md's KV-cache row: at Qwen2.5-0.5B's attention shape (hidden 896,
-    14 heads, 2 KV heads of 64), per layer and token, float32 weights under bf16 autocast (--bf16) cache K and V in
-    float32 (4 bytes each: rotary promotes K, the cache's concatenation promotes V), not the bfloat16 an
-    arithmetic would assume; bfloat16 weights cache 2 bytes each. A change in transformers changes these numbers,
-    and then the docs' table must change with them."""
+    14 heads, 2 KV heads of 64), per layer and token. With float32 weights under bf16 autocast (--bf16),
+    transformers' own cache holds K and V in float32 (4 bytes each: rotary promotes K, the concatenation V); the
+    sampler's preallocated cache stores bf16 (2 bytes); bfloat16 weights cache 2 bytes either way. A change in
+    transformers changes the first numbers, and then the docs must change with them."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rollout import kv_cache_bytes_per_token
@@ -345,6 +346,71 @@ def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
                          intermediate_size=64, vocab_size=64, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).eval()
     per_layer = 2 * 2 * 64  # K and V, 2 heads of 64
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
     assert kv_cache_bytes_per_token(model) == 2 * per_layer * 4
-    assert kv_cache_bytes_per_token(model, torch.autocast("cpu", dtype=torch.bfloat16)) == 2 * per_layer * 4
+    assert kv_cache_bytes_per_token(model, bf16, preallocate=False) == 2 * per_layer * 4
+    assert kv_cache_bytes_per_token(model, bf16) == 2 * per_layer * 2
     assert kv_cache_bytes_per_token(model.to(torch.bfloat16)) == 2 * per_layer * 2
+    assert kv_cache_bytes_per_token(model, preallocate=False) == 2 * per_layer * 2
+
+
+def sample_both_caches(model, tokenizer, monkeypatch, autocast=None, **generate):
+    """The same generation with the sampler's preallocated cache and with transformers' growing one."""
+    out = {}
+    original = rollout.sample
+    for preallocate in (True, False):
+        monkeypatch.setattr(rollout, "sample", lambda *a, **kw: original(*a, **kw, preallocate=preallocate))
+        with autocast if autocast is not None else torch.autocast("cpu", enabled=False):
+            out[preallocate] = HFEngine(model, tokenizer, max_new_tokens=24).generate(PROMPTS, **generate)
+    monkeypatch.setattr(rollout, "sample", original)
+    return out[True], out[False]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_preallocated_cache_draws_what_the_growing_cache_draws(tiny_policy, tokenizer, monkeypatch, bf16):
+    """The sampler's PreallocatedLayer (one buffer per layer, filled in place, rows dropped and groups repeated)
+    gives the very samples and log-probs of transformers' cache that grows by concatenation, in float32 and under
+    bf16 autocast (where it stores bf16 and the growing cache float32: attention casts to bf16 either way)."""
+    model = with_eos_bias(tiny_policy, tokenizer, 3.0)  # ragged lengths: rows leave the batch on the way
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else None
+    pre, grown = sample_both_caches(model, tokenizer, monkeypatch, autocast, n=4, seed=5)
+    assert len(set(pre.lengths.tolist())) > 2
+    assert torch.equal(pre.response_ids, grown.response_ids)
+    assert torch.equal(pre.sampler_logprobs, grown.sampler_logprobs)
+    assert torch.equal(pre.entropy, grown.entropy)
+
+
+def test_the_preallocated_cache_is_one_buffer_filled_in_place(tiny_policy):
+    """Every update writes into the buffer allocated at the prefill (the keys handed to attention are a view of
+    it, of the filled length), rows leaving copy only what is filled, and a write past the capacity is an error,
+    not a silent reallocation."""
+    cache = rollout.preallocated_cache(tiny_policy, capacity=6, dtype=torch.bfloat16)
+    layer = cache.layers[0]
+    kv = lambda rows, tokens: torch.randn(rows, 2, tokens, 32)  # noqa: E731  [B, H, t, D]
+    first = kv(3, 4)
+    cache.update(first, first + 1, 0)
+    buffer = layer.key_buffer
+    assert buffer.shape == (3, 2, 6, 32) and buffer.dtype == torch.bfloat16
+    step = kv(3, 1)
+    keys, values = cache.update(step, step, 0)
+    assert layer.key_buffer is buffer and keys.data_ptr() == buffer.data_ptr() and cache.get_seq_length(0) == 5
+    assert torch.equal(keys, torch.cat([first, step], 2).bfloat16())
+    assert torch.equal(values, torch.cat([first + 1, step], 2).bfloat16())
+    cache.batch_select_indices(torch.tensor([2, 0]))
+    assert layer.key_buffer.shape == (2, 2, 6, 32) and torch.equal(layer.keys, keys[[2, 0]])
+    cache.update(kv(2, 1), kv(2, 1), 0)
+    with pytest.raises(RuntimeError, match="do not fit a cache of 6"):
+        cache.update(kv(2, 1), kv(2, 1), 0)
+
+
+def test_a_model_the_preallocated_cache_does_not_fit_samples_with_its_own(tokenizer):
+    """Sliding-window attention (or any layer that is not plain full attention) gets no preallocated cache: the
+    sampler lets the model make its own, and the samples still score as they were drawn."""
+    import task
+    from transformers import Qwen2ForCausalLM
+    model = Qwen2ForCausalLM(task.tiny_config(tokenizer, use_sliding_window=True, sliding_window=8,
+                                              max_window_layers=0)).eval()
+    assert rollout.preallocated_cache(model, 10) is None
+    r = HFEngine(model, tokenizer, max_new_tokens=12).generate(PROMPTS, n=2, seed=0)
+    logprobs, _ = response_logprobs(model, r)
+    assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)
