@@ -80,6 +80,8 @@ class RunOptions:
     """vllm on a GPU: share of the GPU's memory the engine takes for its weights and KV cache, colocated with training (our choice)"""
     vllm_sleep: bool = True
     """vllm on a GPU: put the engine to sleep during updates (its KV cache freed, its weights discarded and written again by the next sync)"""
+    vllm_tp: int = 1
+    """vllm, sharded (scale/train.py): tensor-parallel size of each engine; that many consecutive processes share one engine, which samples all their prompts (for a policy whose bf16 copy does not fit one GPU beside training)"""
     old_logprobs: str = "auto"
     """PPO's old log-probs (and the logged entropy): "recompute" (a scoring pass of the policy after sampling), "sampler" (the sampler's own, no pass: exact when it sampled from the training weights at top_p 1, else an approximation), or "auto" (sampler when --engine hf samples from the policy itself, in one process, at top_p 1 without --bf16; else recompute)"""
 
@@ -191,6 +193,8 @@ def validate(cfg, algorithms: dict):
          "must be auto, cpu or cuda[:N]"),
         (lambda: c.engine in ("hf", "vllm"), "engine", "must be hf or vllm"),
         (lambda: 0 < c.vllm_memory < 1, "vllm_memory", "must be in (0, 1)"),
+        (lambda: c.vllm_tp >= 1, "vllm_tp", "must be >= 1"),
+        (lambda: c.vllm_tp == 1 or c.engine == "vllm", "vllm_tp", "is the vLLM engine's: use it with --engine vllm"),
         (lambda: c.old_logprobs in ("auto", "sampler", "recompute"), "old_logprobs",
          "must be auto, sampler or recompute"),
         (lambda: c.old_logprobs != "sampler" or c.top_p == 1, "old_logprobs",

@@ -96,7 +96,36 @@ def load_policy(name_or_folder: str, dtype: torch.dtype | str | None = None, dev
     return model, load_tokenizer(name)
 
 
-def _value_config(config):
+def model_folder(name_or_folder: str) -> str:
+    """The local folder of a model: a folder as it is, or a hub model's snapshot (downloaded once into the hub's
+    cache; with HF_HUB_OFFLINE=1 read from it), configs, tokenizer and safetensors weights only. What a sharded
+    run reads its weights from, tensor by tensor (scale/parallel.py)."""
+    name = resolve_model_name(name_or_folder)
+    if os.path.isdir(name):
+        return name
+    from huggingface_hub import snapshot_download
+    return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"])
+
+
+def safetensors_files(folder: str) -> list[str]:
+    """The .safetensors files of a model folder, sorted (a large model's are sharded into several)."""
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+    return [os.path.join(folder, f) for f in files]
+
+
+def empty_model(auto_class, config, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The model of `config` (an Auto class: AutoModelForCausalLM, AutoModelForTokenClassification) with its
+    parameters on the meta device (no memory, no random initialisation) and its buffers real: rotary frequencies
+    are computed at construction, not stored in checkpoints. Tied weights tied. What a sharded run builds before
+    each process allocates its own shard of every parameter (FSDP2's meta-device initialisation)."""
+    from accelerate import init_empty_weights
+    with init_empty_weights(include_buffers=False):
+        model = auto_class.from_config(config, dtype=dtype)
+    model.tie_weights()
+    return model
+
+
+def value_config(config):
     """A copy of a backbone's config for the value model: one output per token, no dropout on the head."""
     config = copy.deepcopy(config)
     config.num_labels = 1  # also resets id2label/label2id to one label
@@ -113,7 +142,7 @@ def value_model_from_policy(policy: PreTrainedModel, gradient_checkpointing: boo
     then the policy's backbone is deep-copied into it.
     """
     with torch.device("meta"):
-        value = AutoModelForTokenClassification.from_config(_value_config(policy.config), dtype=policy.dtype)
+        value = AutoModelForTokenClassification.from_config(value_config(policy.config), dtype=policy.dtype)
     prefix = value.base_model_prefix  # "model" for Qwen2: value.model is the backbone
     setattr(value, prefix, copy.deepcopy(policy.base_model))
     hidden = value.score.in_features
@@ -139,7 +168,7 @@ def load_value_model(name_or_folder: str, dtype: torch.dtype | str | None = None
     Fails if any backbone weight is missing from the checkpoint (it would be silently random otherwise).
     """
     name = resolve_model_name(name_or_folder)
-    config = _value_config(AutoConfig.from_pretrained(name))
+    config = value_config(AutoConfig.from_pretrained(name))
     value, info = AutoModelForTokenClassification.from_pretrained(
         name, config=config, dtype=_dtype(dtype), output_loading_info=True)
     missing = set(info["missing_keys"])

@@ -23,8 +23,8 @@ seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and the scoring 
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
+import logging
 import os
 import re
 from dataclasses import dataclass, fields
@@ -32,6 +32,10 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from models import load_policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -582,10 +586,13 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
     def __init__(self, folder: str, tokenizer, eos_ids: list[int], max_new_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
                  dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", tensor_parallel: int = 1):
         """device: the trainer's device (cuda:N puts the engine on GPU N, beside the policy it is synced from);
         dtype: the engine's weights and KV cache (bfloat16 under --bf16: the trainer's forwards run in bf16 then,
-        and a float32 engine would double the KV cache and leave the fast attention kernels)."""
+        and a float32 engine would double the KV cache and leave the fast attention kernels).
+        tensor_parallel: processes per engine (distributed only). Each group of that many consecutive ranks of
+        torch.distributed's world runs one engine together (vLLM's external launcher); generate gathers the
+        group's prompts, every rank of it samples them all (the same seed, the same samples) and keeps its own."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.device = torch.device(device)
         self.on_gpu = self.device.type == "cuda"
@@ -614,8 +621,14 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
             kwargs |= dict(gpu_memory_utilization=memory, enable_sleep_mode=self.sleep_enabled)
             if self.device.index is not None:  # vLLM builds its in-process engine on the current CUDA device
                 torch.cuda.set_device(self.device)
+        self.tensor_parallel, self.group = tensor_parallel, None
+        if tensor_parallel > 1 and not distributed:
+            raise SystemExit("--vllm-tp > 1 needs several processes (accelerate launch scale/train.py)")
         if distributed:
-            kwargs |= dict(distributed_executor_backend="external_launcher")
+            kwargs |= dict(distributed_executor_backend="external_launcher", tensor_parallel_size=tensor_parallel)
+        if tensor_parallel > 1:
+            import torch.distributed as dist
+            self.group, _ = dist.new_subgroups(group_size=tensor_parallel)  # ranks k*tp .. k*tp + tp - 1
         self.llm = vllm.LLM(**kwargs)
 
     def close(self):
@@ -647,7 +660,22 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
                  max_new_tokens: int | None = None, seed: int | None = None, batch_size: int | None = None) -> Rollout:
         """As HFEngine.generate: B = len(prompts) * n rows, sample g of prompt i at row i*n + g; EOS included in the
         response (mask 1); temperature 0 is greedy. seed fixes this call's samples. batch_size is ignored: vLLM
-        schedules its own batches in a paged KV cache of fixed size."""
+        schedules its own batches in a paged KV cache of fixed size. Tensor-parallel: the prompts of every rank of
+        the engine's group are sampled together, and this rank's rows returned."""
+        if self.group is not None:
+            import torch.distributed as dist
+            shares = [None] * self.tensor_parallel
+            dist.all_gather_object(shares, list(prompts), group=self.group)
+            mine = dist.get_rank(self.group)
+            first = sum(len(p) for p in shares[:mine])
+            together = self._generate([p for share in shares for p in share], n, temperature, top_p, max_new_tokens,
+                                      seed)
+            out = together.select(slice(first * n, (first + len(prompts)) * n))
+            out.prompt_index = out.prompt_index - first  # indices into this rank's prompts
+            return out
+        return self._generate(prompts, n, temperature, top_p, max_new_tokens, seed)
+
+    def _generate(self, prompts, n, temperature, top_p, max_new_tokens, seed) -> Rollout:
         from vllm import SamplingParams  # optional, as in __init__
         from vllm.inputs import TokensPrompt
         temperature = self.temperature if temperature is None else temperature
@@ -713,24 +741,66 @@ def rollout_from_tokens(prompts: list[list[int]], responses: list[list[int]], lo
 
 
 # --- making and syncing a run's engine ----------------------------------------------------------------------
-def make_engine(cfg, policy, tokenizer, parallel):
-    """The sampler of a run's rollouts and evaluations (cfg.engine, a vapo.Config). "hf": in one process our
-    KV-cached loop over the policy itself (nothing to sync); sharded, over a full copy of the policy, synced after
-    every update (sync_engine). "vllm": a vLLM engine per process, started from the folder the policy was loaded
-    from and synced the same way, on the policy's device, in bfloat16 under --bf16 (else the policy's dtype).
-    parallel: vapo.parallel (its rank seeds each process's engine)."""
+HF_ENGINE_MAX_PARAMS = 2e9  # a sharded run's HF engine holds a whole float32 copy per process: refused above this
+ENGINE_HEADROOM_BYTES = 2e9  # kept free beside a vLLM engine: CUDA context, NCCL buffers, the allocator's slack
+
+
+def make_engine(cfg, policy, tokenizer, parallel, critic=None):
+    """The sampler of a run's rollouts and evaluations (cfg.engine, a vapo.Config), started once the models are
+    loaded (sharded ones: only this process's shards). "hf": in one process our KV-cached loop over the policy
+    itself (nothing to sync); sharded, over a whole copy of the policy read from its folder, synced after every
+    update (sync_engine), refused above HF_ENGINE_MAX_PARAMS. "vllm": a vLLM engine per process, started from the
+    folder the policy was loaded from and synced the same way, on the policy's device, in bfloat16 under --bf16
+    (else the policy's dtype), its memory share cut to what is free on a GPU (engine_memory_share).
+    parallel: vapo.parallel (its rank seeds each process's engine); critic: for the memory the trainer keeps."""
     if cfg.engine == "vllm":
+        memory = cfg.vllm_memory
+        if policy.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(policy.device)
+            adamw = 8 * sum(_local_numel(p) for m in (policy, critic) if m is not None for p in m.parameters())
+            memory = engine_memory_share(cfg.vllm_memory, free, total, adamw)
         return VLLMEngine(policy.name_or_path, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
                           max_new_tokens=cfg.max_new_tokens,
-                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank,
-                          memory=cfg.vllm_memory, sleep=cfg.vllm_sleep,
+                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank // cfg.vllm_tp,
+                          memory=memory, sleep=cfg.vllm_sleep, tensor_parallel=cfg.vllm_tp,
                           dtype=torch.bfloat16 if cfg.bf16 else policy.dtype, device=policy.device,
                           distributed=parallel.world_size > 1,
                           max_model_len=min(cfg.max_new_tokens + 2048,  # a long prompt and the longest response
                                             getattr(policy.config, "max_position_embeddings", None) or 1 << 30))
-    own_copy = parallel.world_size > 1  # the sharded policy cannot sample alone: each rank has a full copy
-    return HFEngine(copy.deepcopy(policy) if own_copy else policy, tokenizer, max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature, top_p=cfg.top_p, own_weights=own_copy)
+    if parallel.world_size == 1:
+        return HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                        top_p=cfg.top_p)
+    params = sum(p.numel() for p in policy.parameters())  # a sharded parameter's numel is the whole tensor's
+    if params > HF_ENGINE_MAX_PARAMS:
+        raise SystemExit(f"--engine hf: a sharded run's HF engine holds a whole float32 copy of the policy in every "
+                         f"process ({params / 1e9:.1f}B parameters, {4 * params / 1e9:.0f} GB each); above "
+                         f"{HF_ENGINE_MAX_PARAMS / 1e9:g}B use --engine vllm")
+    copy_of_policy, _ = load_policy(policy.name_or_path, dtype=torch.float32, device=policy.device)
+    return HFEngine(copy_of_policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                    top_p=cfg.top_p, own_weights=True)
+
+
+def _local_numel(tensor: torch.Tensor) -> int:
+    """Elements this process holds of a (possibly sharded) tensor."""
+    return tensor.to_local().numel() if hasattr(tensor, "to_local") else tensor.numel()
+
+
+def engine_memory_share(requested: float, free: int, total: int, reserve: int) -> float:
+    """vLLM's gpu_memory_utilization for an engine started beside a trainer: the share of the device's `total`
+    bytes it may take, at most `requested` and at most what is `free` now less `reserve` (what the trainer
+    allocates later and keeps while the engine is awake: its AdamW states) and ENGINE_HEADROOM_BYTES. vLLM refuses
+    to start when the share asks for more than is free; a trainer whose shards already hold memory gets a smaller
+    engine, and the log says so. SystemExit when not even 2% of the device is left."""
+    room = (free - reserve - ENGINE_HEADROOM_BYTES) / total
+    if room < 0.02:
+        raise SystemExit(f"--engine vllm: no room for the engine: {free / 1e9:.1f} of {total / 1e9:.1f} GB free on "
+                         f"the device, {reserve / 1e9:.1f} GB kept for the trainer's optimizer states (more "
+                         f"processes, --vllm-memory lower, or --engine hf)")
+    if room < requested:
+        log.warning("--vllm-memory %.2f does not fit beside the trainer (%.1f of %.1f GB free, %.1f GB kept for its "
+                    "optimizer states): the engine gets %.2f", requested, free / 1e9, total / 1e9, reserve / 1e9,
+                    room)
+    return min(requested, room)
 
 
 def sync_engine(engine, policy, parallel):

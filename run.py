@@ -30,11 +30,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
 from data import check_gold_answers, load_data
-from models import found_or_exit, load_models, load_tokenizer, load_value_model, pick_device, replace_atomically
+from models import found_or_exit, load_models, load_tokenizer, pick_device, replace_atomically, safetensors_files
 from plots import plot_metrics
 from reward import Verifier, arith_reward, math_reward
 from task import ensure_base_model
@@ -99,9 +100,18 @@ class SingleProcess:
         """A Hugging Face folder of the model's full weights that stock transformers and vLLM load."""
         model.save_pretrained(folder)
 
-    def load_state_dict(self, model, state_dict: dict) -> tuple[list, list]:
-        """Full (unsharded) weights into the model -> (missing keys, unexpected keys)."""
-        return model.load_state_dict(state_dict, strict=False)
+    def load_models(self, cfg, device: torch.device, name: str):
+        """(policy, critic or None, tokenizer) of the run, whole, in float32 on device (models.load_models);
+        sharded: each process builds, shards and fills its own shards, never a whole model."""
+        return load_models(cfg, device, name)
+
+    def load_weights(self, model, folder: str) -> tuple[list, list]:
+        """The weights of a Hugging Face folder's safetensors files into the model -> (missing keys, unexpected
+        keys); sharded: each process reads only its own rows of each tensor."""
+        state = {}
+        for file in safetensors_files(folder):
+            state.update(load_file(file))
+        return model.load_state_dict(state, strict=False)
 
     def save_optimizers(self, optimizers: dict, folder: str) -> dict:
         """The optimizers' and schedulers' state, for state.pt (sharded: the optimizers' shards are written under
@@ -135,18 +145,22 @@ def check_inputs(cfg):
                          f"(pip install {package}), or use --report-to none")
 
 
-def load_inputs(cfg, resume: bool, overwrite: bool) -> tuple:
+def load_inputs(cfg, resume: bool, overwrite: bool, parallel: SingleProcess) -> tuple:
     """(policy, critic or None, tokenizer, training rows, held-out rows, Verifier), after every check that can
     fail fast: the options, the run folder, the data (read and checked before the model, which may take minutes
-    to load) and, once loaded, the held-out gold answers against the verifier."""
+    to load) and, once loaded, the held-out gold answers against the verifier. The models load through parallel
+    (sharded as they load in a sharded run)."""
     check_inputs(cfg)
+    if cfg.vllm_tp > 1 and parallel.world_size == 1:
+        raise SystemExit(f"--vllm-tp {cfg.vllm_tp}: a tensor-parallel engine spans several processes; launch "
+                         f"scale/train.py with a multiple of {cfg.vllm_tp} processes, or use --vllm-tp 1")
     Run.check_folder(cfg.output_dir, resume, overwrite)
     if not cfg.builtin:
         with found_or_exit("--model", cfg.model):
             tokenizer = load_tokenizer(cfg.model)
         rows, held_out = load_data(cfg, tokenizer)
     name = ensure_base_model(log=log.info) if cfg.model == "builtin" else cfg.model  # the shipped base model
-    policy, critic, tokenizer = load_models(cfg, pick_device(cfg.device), name)
+    policy, critic, tokenizer = parallel.load_models(cfg, pick_device(cfg.device), name)
     if cfg.builtin:
         rows, held_out = load_data(cfg, tokenizer)
     verifier = verifier_for(cfg)
@@ -311,8 +325,7 @@ class Run:
             log.info("resumed from step %d%s", progress.step, "" if progress.value_pretrained else
                      f" (value pretraining step {progress.pretrain['step']})")
         elif self.critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
-            self.parallel.load_state_dict(self.critic, load_value_model(pretrained_critic,
-                                                                        dtype=torch.float32).state_dict())
+            self.parallel.load_weights(self.critic, pretrained_critic)
             progress = Progress(value_pretrained=True)
             self.truncate_metrics(0)
             log.warning("no complete checkpoint in %s: starting the RL phase from step 0 with the critic of "
@@ -524,20 +537,22 @@ class CheckpointError(Exception):
 
 
 def read_checkpoint(path: str, with_critic: bool) -> dict:
-    """Every file of a checkpoint folder, read: {"policy": state dict, "critic": state dict or None, "state": the
-    state.pt dict}. Raises CheckpointError naming the missing or unreadable file."""
+    """A checkpoint folder, checked: {"policy": its weights' folder, "critic": the critic's or None, "state": the
+    state.pt dict}. Every safetensors file is opened (its header read and its size checked against it: a truncated
+    file fails here), but its tensors are left on disk for parallel.load_weights, which reads each process's own
+    rows only. Raises CheckpointError naming the missing or unreadable file."""
     def weights(name):
         folder = os.path.join(path, name)
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        files = safetensors_files(folder)
         if not files:
             raise CheckpointError(f"{folder}: no .safetensors weights")
-        state = {}
-        for f in files:
+        for file in files:
             try:
-                state.update(load_file(os.path.join(folder, f)))
+                with safe_open(file, "pt") as fh:
+                    fh.keys()
             except Exception as err:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
-                raise CheckpointError(f"{os.path.join(folder, f)}: unreadable ({type(err).__name__}: {err})") from err
-        return state
+                raise CheckpointError(f"{file}: unreadable ({type(err).__name__}: {err})") from err
+        return folder
 
     out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
     state_path = os.path.join(path, "state.pt")
@@ -569,7 +584,7 @@ def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
         for name, model in (("policy", policy), ("critic", critic)):
             if model is None:
                 continue
-            missing, unexpected = parallel.load_state_dict(model, saved[name])
+            missing, unexpected = parallel.load_weights(model, saved[name])
             missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
             if missing or unexpected:
                 raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "

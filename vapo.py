@@ -221,9 +221,9 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     over in a folder that holds a run. Every process of a sharded run (scale/) runs this same function."""
     torch.manual_seed(cfg.seed + parallel.rank)  # sharded: each process samples its own stream
     random.seed(cfg.seed + parallel.rank)
-    policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite)  # checked first
+    policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, parallel)  # checked first
     run = Run(cfg, parallel, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
-    engine = make_engine(cfg, policy, tokenizer, parallel)
+    engine = make_engine(cfg, policy, tokenizer, parallel, critic)  # after the models: sized for what is left
     policy, critic = parallel.wrap(policy), (parallel.wrap(critic) if critic is not None else None)
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
     if critic is not None:

@@ -60,6 +60,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -326,9 +327,7 @@ def evaluation_part(args, cfg, folder: str, device: torch.device, box_s: float, 
 
 def vllm_part(args, folder: str, workdir: str, probe: Probe, box_s: float) -> dict:
     """vapo.train with --engine vllm for --vllm-steps steps, in its box; the engine's calls timed by the probe."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         return {"skipped": "vllm is not installed on this machine"}
     cfg = run_config(args, folder, os.path.join(workdir, "run-vllm"), engine="vllm", steps=args.vllm_steps)
     probe.phase = "vllm"

@@ -11,7 +11,9 @@ What a process of scale/train.py holds (FSDP2, float32 master weights, bf16 comp
       layer's float32 gradient before its reduce-scatter, the embeddings and LM head gathered for the whole pass,
       checkpointed layer inputs (--gradient-checkpointing) and the float32 logits of one micro-batch (logits,
       log-softmax pieces and their gradient: about 3 copies);
-  the vLLM engine (one per process, tensor-parallel size 1): a full bf16 copy of the policy, plus its KV cache.
+  the vLLM engine: a full bf16 copy of the policy plus its KV cache (one engine per process), or 1 / K of both
+  with tensor-parallel engines of K processes (--vllm-tp K);
+  at setup, only the float32 shards (each process reads its own rows of the weights' files) and then the engine.
 Estimates, not measurements: allocator slack, NCCL buffers and CUDA context (1-3 GB) come on top.
 """
 from __future__ import annotations
@@ -59,6 +61,28 @@ def per_gpu(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int) -> list
     return rows
 
 
+def phases(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int, tp: int = 1) -> list[tuple[str, str, float]]:
+    """What one GPU of a colocated run holds at each phase, setup included (scale/parallel.py's load_models: each
+    process allocates only its shards and reads only its rows; AdamW's moments and the gradients appear at the
+    first update). The largest transient of setup is one tensor's rows; of a sync, one whole float32 tensor."""
+    n = counts(c)
+    weights = (n["policy"] + n["critic"]) * 4 / gpus  # float32 shards of both models
+    states = (n["policy"] + n["critic"]) * 16 / gpus  # + gradients + AdamW moments (the update)
+    kept = (n["policy"] + n["critic"]) * 12 / gpus  # weights + AdamW: gradients are freed after each step
+    # a tensor-parallel engine (--vllm-tp) splits its weights and its KV heads over tp GPUs, each holding 1 / tp
+    engine_weights, kv = n["policy"] * 2 / tp, n["kv_per_token"] * 2 * kv_tokens / tp
+    largest = max(n["embed"], n["head"], n["layer"] // 3) * 4  # the embeddings (or LM head) in float32
+    update = sum(size for name, _, size in per_gpu(c, gpus, tokens, micro, kv_tokens) if name.startswith("update"))
+    return [
+        ("setup: models loaded", "float32 shards of both models, one tensor's rows in flight", weights + largest / gpus),
+        ("setup: engine started", "the shards + the engine's bf16 weights + its KV cache", weights + engine_weights + kv),
+        ("rollout", "shards and AdamW moments of both + the engine awake", kept + engine_weights + kv),
+        ("update", "shards, gradients, AdamW + the update's transients (engine asleep, level 2)", states + update),
+        ("sync", "shards and AdamW + the engine's weights woken + one full float32 tensor gathered",
+         kept + engine_weights + largest),
+    ]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a model's config.json (default: Qwen2.5-32B's shape)")
@@ -68,6 +92,8 @@ def main(argv=None):
     p.add_argument("--micro", type=int, default=1, help="sequences per micro-batch")
     p.add_argument("--kv-tokens", type=int, default=8 * 9216, help="tokens of KV cache per engine "
                    "(default: 8 sequences of 9,216 tokens at once)")
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 4], help="tensor-parallel sizes of the engine "
+                   "(--vllm-tp) for the per-phase tables")
     args = p.parse_args(argv)
     c = QWEN25_32B if args.config is None else json.load(open(args.config))
     n = counts(c)
@@ -87,6 +113,10 @@ def main(argv=None):
               f"**{train / GB:.1f}** |")
         print(f"| **separate rollout GPUs**: training GPUs / each engine GPU | | **{train / GB:.1f} / "
               f"{engine / GB:.1f}** |")
+        for tp in args.tp:
+            print(f"\n| {gpus} GPUs, colocated, --vllm-tp {tp}: phase | what the GPU holds | GB |\n|---|---|---|")
+            for phase, what, size in phases(c, gpus, args.tokens, args.micro, args.kv_tokens, tp):
+                print(f"| {phase} | {what} | {size / GB:.1f} |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ world, each process samples its share of the prompts, every statistic is over th
 
     accelerate launch --config_file scale/configs/cpu.yaml scale/train.py --steps 4            # 2 processes, a CPU
     accelerate launch --config_file scale/configs/1node-8gpu.yaml scale/train.py \\
-        --model Qwen2.5-32B --dataset ... --engine vllm --bf16 --gradient-checkpointing          # one node
+        --model Qwen2.5-32B --dataset ... --engine vllm --vllm-tp 4 --bf16 --gradient-checkpointing   # one node
     bash scale/launch_multinode.sh ...                                                         # several nodes
 
 The options are vapo.py's (`python scale/train.py --help` lists them); the run folder, its checkpoints and its
@@ -60,6 +60,12 @@ def check_sharding(cfg: vapo.Config, world_size: int):
     if (cfg.mini_batch_size // world_size) % cfg.micro_batch_size:
         raise SystemExit(f"scale/train.py: --micro-batch-size {cfg.micro_batch_size} must divide each process's "
                          f"share of a mini-batch, {cfg.mini_batch_size} / {world_size}")
+    if world_size % cfg.vllm_tp:
+        raise SystemExit(f"scale/train.py: --vllm-tp {cfg.vllm_tp} must divide the {world_size} processes (each "
+                         f"group of {cfg.vllm_tp} consecutive processes shares one engine)")
+    if cfg.vllm_tp > 1 and 0 < cfg.eval_prompts < world_size:
+        raise SystemExit(f"scale/train.py: --eval-prompts {cfg.eval_prompts} must be 0 or at least the "
+                         f"{world_size} processes with --vllm-tp {cfg.vllm_tp} (every process of an engine samples)")
     if cfg.dynamic_sampling:
         raise SystemExit("scale/train.py: --dynamic-sampling is not supported when sharded (processes would run "
                          "different numbers of sampling rounds); use vapo.py, or --no-dynamic-sampling")

@@ -3,7 +3,9 @@
     python tests/scale_check.py OUT_PREFIX MICRO [MICRO ...]                         # one process
     torchrun --nproc_per_node 2 tests/scale_check.py OUT_PREFIX MICRO [MICRO ...]    # 2 ranks, FSDP2 (scale/)
 
-For each micro-batch size: the shipped base model as policy and critic, one rollout of 4 prompts x 4 samples
+For each micro-batch size: the shipped base model as policy and critic, loaded the run's way (whole in one
+process, sharded as they load over 2 ranks: scale/parallel.py's load_models), their weights right after setup
+recorded; one rollout of 4 prompts x 4 samples
 sampled with a fixed seed before any sharding (the same tokens in every process), each process keeping its share
 of the prompts (whole groups, as scale/train.py deals them); then vapo.py's own step-0 functions: score_rollout,
 advantages_and_returns (whitened over the whole batch), update (one mini-batch of all 16 samples, one optimizer
@@ -22,6 +24,7 @@ import torch.distributed as dist  # noqa: E402
 
 import models  # noqa: E402
 import vapo  # noqa: E402
+from scale.parallel import local_rows, local_tensor  # noqa: E402
 
 
 def gather_rows(x: torch.Tensor, T: int) -> torch.Tensor:
@@ -43,11 +46,20 @@ def step_zero(micro: int) -> dict:
                       mini_batch_size=16, micro_batch_size=micro, max_new_tokens=32, actor_lr=1e-3, critic_lr=1e-3,
                       warmup_steps=0, alpha=0.5, whiten_advantages=True).validate()
     torch.manual_seed(0)
-    policy, critic, tokenizer = models.load_models(cfg, torch.device("cpu"), ensure_base_model(log=lambda *a: None))
-    torch.nn.init.normal_(critic.score.weight, std=0.05, generator=torch.Generator().manual_seed(1))  # V != 0
+    base = ensure_base_model(log=lambda *a: None)
+    # the run's own loading: whole models in one process; sharded as they load over 2 ranks (scale/parallel.py)
+    P.read_values = 0  # what this process reads of the weights' files (scale/parallel.py counts it)
+    policy, critic, tokenizer = P.load_models(cfg, torch.device("cpu"), base)
+    setup = {k: {n: t.clone() for n, t in P.named_full_tensors(m)} for k, m in (("policy", policy), ("critic", critic))}
+    head = torch.empty(critic.score.weight.shape).normal_(std=0.05, generator=torch.Generator().manual_seed(1))
+    start, end = local_rows(critic.score.weight)
+    with torch.no_grad():
+        local_tensor(critic.score.weight).copy_(head[start:end])  # V != 0, the same head in every process
     rows = make_dataset(cfg.prompts_per_step, seed=3, split="eval")
-    full = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens).generate(
-        [r["prompt"] for r in rows], n=cfg.group_size, seed=123)  # the same rollout in every process
+    whole, _ = models.load_policy(base, dtype=torch.float32)  # samples the same rollout in every process
+    full = HFEngine(whole, tokenizer, max_new_tokens=cfg.max_new_tokens).generate(
+        [r["prompt"] for r in rows], n=cfg.group_size, seed=123)
+    del whole
     share = cfg.batch_size // P.world_size
     rollout = full.select(slice(P.rank * share, (P.rank + 1) * share))  # this process's prompts, whole groups
     golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
@@ -79,6 +91,7 @@ def step_zero(micro: int) -> dict:
                                                    ("values", scored["values"]), ("advantages", advantages),
                                                    ("returns", returns), ("mask", rollout.response_mask))}
     out |= {"stats": stats, "grads": grads, "world_size": P.world_size, "shard": (local.numel(), param.numel()),
+            "setup_weights": setup, "read_values": P.read_values,
             "weights": {k: {n: t.clone() for n, t in P.named_full_tensors(m)}
                         for k, m in (("policy", policy), ("critic", critic))},
             "full_mask": full.response_mask}

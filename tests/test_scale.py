@@ -70,6 +70,22 @@ def test_sharding_is_real(step_zero):
     assert step_zero["one-16"]["shard"] == (full, full)
 
 
+def test_sharded_loading_gives_the_single_process_weights_and_reads_only_its_rows(step_zero):
+    """2 ranks load the models sharded (meta device, fully_shard, each rank's rows read from the safetensors
+    files): right after setup, every tensor of the policy and of the critic (its zero head included) equals the
+    single-process model's, bit for bit; and rank 0 read about half of the values, not the whole models."""
+    one, two = step_zero["one-16"]["setup_weights"], step_zero["two-4"]["setup_weights"]
+    for model in ("policy", "critic"):
+        assert one[model].keys() == two[model].keys()
+        for name, tensor in one[model].items():
+            assert torch.equal(two[model][name], tensor), f"{model}.{name} after setup"
+    assert not two["critic"]["score.weight"].any()  # a zero value head, as value_model_from_policy makes it
+    stored = sum(t.numel() for n, t in one["policy"].items() if n != "lm_head.weight")  # tied: stored once
+    stored += sum(t.numel() for n, t in one["critic"].items() if not n.startswith("score."))
+    read = step_zero["two-4"]["read_values"]
+    assert 0.45 * stored < read < 0.55 * stored, (read, stored)
+
+
 @pytest.mark.parametrize("name", ["one-4", "two-8", "two-4"])
 def test_two_ranks_equal_one_process(step_zero, name):
     """Step 0 of 2 ranks (and of 1 process with micro-batches) equals 1 process without micro-batches: old
@@ -164,3 +180,91 @@ def test_sharding_refuses_what_it_cannot_split(tmp_path):
     assert proc.returncode != 0
     assert "--prompts-per-step 3" in proc.stdout + proc.stderr and "divisible by the 2 processes" in proc.stderr
     assert not os.path.exists(tmp_path / "r")
+
+
+def test_a_sharded_setup_holds_shards_not_copies(tmp_path):
+    """2 processes, a 104M-parameter model stored in bf16 (bench/sharded_memory.py, which reads each rank's
+    resident set): loading the policy and the critic adds about one full float32 copy per rank (its halves of
+    both), not two whole models; starting the HF engine adds one (the engine's own copy, by design); a checkpoint
+    before any step adds next to nothing on rank 1 (no optimizer state is made for it, no full state dict
+    gathered there). Before sharded loading, loading alone added 2 copies and that checkpoint 2.5 on every rank."""
+    out = tmp_path / "memory.json"
+    run([sys.executable, "bench/sharded_memory.py", "--sizes", "100", "--out", str(out)], timeout=900)
+    size = json.loads(out.read_text())["sizes"]["100"]
+    copy = size["full_float32_copy_gb"]
+    assert size["params"] > 100e6
+    for rank in size["ranks"]:
+        parts = rank["phases"]
+        assert 0.8 * copy < parts["load models and data"]["added_gb"] < 1.15 * copy, rank
+        assert parts["start the engine"]["added_gb"] < 1.15 * copy, rank
+        limit = 2.7 if rank["rank"] == 1 else 3.8  # rank 0 gathers the checkpoint's file (the whole model here)
+        assert rank["setup_copies"] < limit, rank
+    assert size["ranks"][1]["phases"]["first checkpoint"]["added_gb"] < 0.25 * copy, size["ranks"][1]
+
+
+def test_a_sharded_run_killed_in_a_checkpoint_resumes_from_its_shards(tmp_path):
+    """2 ranks, killed (SIGKILL, every rank at the same fault point) between the two renames of the step-2
+    checkpoint, when neither checkpoint/ nor the new one is in place: --resume falls back to checkpoint.prev
+    (step 1), each rank reading its rows of the weights and its optimizer shards (DCP), and runs step 2 again;
+    every step is logged once, and the resumed run's checkpoint loads in stock transformers."""
+    from transformers import AutoModelForCausalLM
+    out = str(tmp_path / "run")
+    run(accelerate("scale/train.py", "--steps", "1", "--output-dir", out, *TINY))
+    killed = subprocess.run(accelerate("scale/train.py", "--resume", out, "--steps", "2"), cwd=ROOT,
+                            env={**env(), "VAPO_FAULT_POINT": "checkpoint:between-renames"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode != 0
+    assert not os.path.exists(os.path.join(out, "checkpoint")) and os.path.exists(os.path.join(out, "checkpoint.prev"))
+    proc = run(accelerate("scale/train.py", "--resume", out, "--steps", "2"))
+    assert "checkpoint.prev (step 1)" in proc.stdout + proc.stderr  # run.load_checkpoint's "resuming from"
+    steps = [r["step"] for r in records(out) if "train_acc" in r and "step" in r]
+    assert steps == [1, 2], steps
+    AutoModelForCausalLM.from_pretrained(os.path.join(out, "checkpoint", "policy"))
+
+
+def test_the_sharded_hf_engine_is_refused_above_its_size(tiny_model_dir):
+    """A sharded run's HF engine reads a whole float32 copy of the policy in every process: above 2B parameters
+    it is refused, naming the fix, before anything is read (the policy here is a 3B skeleton on the meta device)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import models
+    import rollout
+    import vapo
+    config = Qwen2Config(hidden_size=4096, num_hidden_layers=14, intermediate_size=11008, vocab_size=32000)
+    policy = models.empty_model(AutoModelForCausalLM, config)
+    assert sum(p.numel() for p in policy.parameters()) > 2e9
+    cfg = vapo.Config(model=tiny_model_dir, engine="hf").validate()
+    with pytest.raises(SystemExit, match="above 2B use --engine vllm"):
+        rollout.make_engine(cfg, policy, None, SimpleNamespace(world_size=2, rank=0))
+
+
+def test_a_tensor_parallel_engine_samples_for_its_group(tmp_path):
+    """--vllm-tp 2 over 2 processes: one vLLM engine spans both (vLLM's external launcher, tensor-parallel 2 on
+    the CPU), samples the prompts of both ranks and gives each its rows. Two RL steps, so the second rollout comes
+    after a weight sync into the sharded engine: the sampler's log-probs still equal the policy's recomputed ones,
+    the whole batch is there, and held-out evaluation runs through the same engine."""
+    out = str(tmp_path / "run")
+    proc = run(accelerate("scale/train.py", "--steps", "2", "--engine", "vllm", "--vllm-tp", "2", "--output-dir", out,
+                   "--value-pretrain-steps", "0", "--no-value-pretraining",
+                   *[a for a in TINY if a not in ("--value-pretrain-steps", "2")]))
+    steps = [r for r in records(out) if "train_acc" in r and "step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["samples_generated"] == 16 for r in steps)
+    assert all(r["sampler_logprob_gap_max"] < 1e-3 for r in steps), [r["sampler_logprob_gap_max"] for r in steps]
+    assert sorted(r["step"] for r in records(out) if "eval/acc_greedy" in r) == [0, 2]
+    logged = proc.stdout + proc.stderr  # vLLM's own log: one engine of tensor-parallel size 2 over the world of 2
+    assert "tensor_parallel_size=2" in logged and "in world size 2 is assigned as" in logged
+
+
+def test_a_tensor_parallel_engine_needs_its_processes(tmp_path):
+    """--vllm-tp that does not divide the processes, or in one process, is refused before anything loads."""
+    proc = subprocess.run([sys.executable, "vapo.py", "--engine", "vllm", "--vllm-tp", "2", "--steps", "1",
+                           "--output-dir", str(tmp_path / "one")], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "a tensor-parallel engine spans several processes" in proc.stderr
+    proc = subprocess.run(accelerate("scale/train.py", "--engine", "vllm", "--vllm-tp", "4", "--output-dir",
+                                     str(tmp_path / "two"), *TINY), cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "--vllm-tp 4 must divide the 2 processes" in proc.stdout + proc.stderr

@@ -115,3 +115,17 @@ def test_a_vllm_older_than_the_floor_is_refused_by_name(stub_vllm, tokenizer, mo
         VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id])
     floor = re.search(r"^vllm>=([\d.]+)", open(os.path.join(ROOT, "scale", "requirements.txt")).read(), re.M)
     assert tuple(int(x) for x in floor[1].split(".")) == VLLMEngine.MIN_VERSION  # the floor users install
+
+
+def test_the_engine_gets_the_memory_left_beside_the_trainer(caplog):
+    """vLLM refuses to start when its share of the device is more than is free. Beside a trainer whose shards
+    already hold memory, the share is cut to what is free, less the AdamW states the trainer allocates later and a
+    headroom, with a warning; nothing left is one clear message."""
+    from rollout import ENGINE_HEADROOM_BYTES, engine_memory_share
+    GB = 1e9
+    assert engine_memory_share(0.4, free=70 * GB, total=80 * GB, reserve=10 * GB) == 0.4  # room for what is asked
+    share = engine_memory_share(0.4, free=30 * GB, total=80 * GB, reserve=4 * GB)
+    assert share == pytest.approx((30 * GB - 4 * GB - ENGINE_HEADROOM_BYTES) / (80 * GB))
+    assert "does not fit beside the trainer" in caplog.text
+    with pytest.raises(SystemExit, match="no room for the engine"):
+        engine_memory_share(0.4, free=5 * GB, total=80 * GB, reserve=4 * GB)
