@@ -70,6 +70,8 @@ class RunOptions:
     """run folder (default: runs/<date>-<time>)"""
     report_to: str = "none"
     """also log to "tensorboard" or "wandb" (must be installed), or "none\""""
+    token_views: bool = True
+    """record the per-token teaching views (tokens.jsonl, views/: python plots.py tokens RUN_DIR) at step 0, after value pretraining and at every evaluation (one process only)"""
     max_nonfinite_steps: int = 5
     """stop the run (with a checkpoint of the last finite weights) after this many consecutive steps whose loss or gradient was not finite (each such mini-batch is skipped, not applied)"""
 

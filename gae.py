@@ -18,6 +18,18 @@ import torch
 SCAN_BLOCK = 64
 
 
+def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """rewards[b, t] = scores[b] at the last real token of sample b, 0 elsewhere (a sparse verifier reward).
+
+    scores: [B]; mask: [B, T] right-padded. An empty response (no token) has nowhere to put its reward: it gets
+    none (and the caller counts it in the step's log)."""
+    lengths = mask.sum(-1).long()  # [B]
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [B, T]
+    has = lengths > 0
+    rewards[has.nonzero().squeeze(1), lengths[has] - 1] = scores[has].float()
+    return rewards
+
+
 def length_adaptive_lambda(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
     """Length-adaptive lambda for the policy's GAE (VAPO section 3.2, Eq. 7).
 

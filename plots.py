@@ -1,13 +1,24 @@
 """Plots of a run's metrics.jsonl: the curves that tell whether VAPO is working.
 
     python plots.py runs/<run>/metrics.jsonl [out.png]      # writes the PNG, prints the run's summary
+    python plots.py tokens runs/<run> [--step N]            # the per-token teaching views of a record
 
 Panels: held-out and training accuracy; mean response length (a falling length with falling accuracy is the
 length collapse the paper warns about); the critic's explained variance, value pretraining included; losses;
 lambda_policy and entropy.
+
+The teaching views (from the run's tokens.jsonl, written by run.TokenViews at step 0, after value pretraining and
+at every evaluation; no service needed) go to runs/<run>/views/step-N/: for four probe responses (the shortest and
+the longest, right and wrong), one figure each with, token by token, V(s_t) and the critic's return target; the
+policy's advantage under the length-adaptive lambda, a fixed 0.95 and 1.0 side by side (how far the terminal
+reward reaches back: Decoupled-GAE's point); the ratio pi_new / pi_old with the clip bounds and the tokens where
+they bit; the entropy. Then the mean V(s_t) by position over the probe set against the Monte-Carlo return, and
+index.html with each response's text coloured by advantage.
 """
 from __future__ import annotations
 
+import argparse
+import html
 import json
 import math
 import os
@@ -100,6 +111,150 @@ def plot_metrics(path: str, out: str) -> str:
     return out
 
 
+def read_jsonl(path: str) -> list[dict]:
+    """The complete JSON lines of a file, in order (a line cut by a kill is left out; no file: none)."""
+    out = []
+    if os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    return out
+
+
+def read_tokens(run_dir: str) -> list[dict]:
+    """The records of a run's tokens.jsonl (run.TokenViews), in order."""
+    return read_jsonl(os.path.join(run_dir, "tokens.jsonl"))
+
+
+def pick_probes(probes: list[dict]) -> list[int]:
+    """The probes to draw: the shortest and the longest right one, the shortest and the longest wrong one (by
+    their "reward" and "length"; ties to the first)."""
+    chosen = []
+    for right in (True, False):
+        group = sorted((p["length"], i) for i, p in enumerate(probes) if (p["reward"] > 0) == right)
+        chosen += [i for _, i in (group[:1] + group[-1:] if len(group) > 1 else group)]
+    return list(dict.fromkeys(chosen))
+
+
+ADVANTAGES = (("adv_adaptive", "length-adaptive lambda"), ("adv_0.95", "lambda 0.95"), ("adv_1.0", "lambda 1.0"),
+              ("adv_group", "group advantage (no critic)"))
+
+
+def probe_figure(record: dict, probe: dict, out: str) -> dict:
+    """One probe response's figure, written to out; returns {panel title: {label: y values}} (what was drawn)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n, xs = probe["length"], list(range(probe["length"]))
+    drawn: dict = {}
+    fig, axes = plt.subplots(4, 1, figsize=(max(8, min(30, n * 0.12)), 10), sharex=True)
+
+    def line(ax, title, key, label, **kw):
+        if key in probe:
+            ax.plot(xs, probe[key], label=label, **kw)
+            drawn.setdefault(title, {})[label] = probe[key]
+
+    title = "critic: V(s_t) and its return target"
+    line(axes[0], title, "value", "V(s_t)")
+    line(axes[0], title, "return", f"return target (lambda_critic {record['lam_critic']:g})", ls="--")
+    axes[0].set_title(f"{title} (reward {probe['reward']:+g}, {n} tokens)")
+    title = "policy advantage, raw (before whitening)"
+    for key, label in ADVANTAGES:
+        line(axes[1], title, key, label + (f" = {probe['lam_policy']:.3f}" if key == "adv_adaptive" else ""))
+    axes[1].axhline(0, color="grey", lw=0.5)
+    axes[1].set_title(title)
+    title = "ratio pi_new / pi_old of the step's update"
+    line(axes[2], title, "ratio", "ratio")
+    low, high = 1 - record["eps_low"], 1 + record["eps_high"]
+    for bound in (low, high):
+        axes[2].axhline(bound, color="red", lw=0.8, ls=":")
+    adv = probe.get("adv_adaptive", probe.get("adv_group"))
+    bit = [t for t in xs if (adv[t] > 0 and probe["ratio"][t] > high) or (adv[t] < 0 and probe["ratio"][t] < low)]
+    axes[2].plot(bit, [probe["ratio"][t] for t in bit], "rx", label=f"clip bit ({len(bit)} tokens)")
+    drawn[title]["clip bit"] = bit
+    axes[2].set_title(f"{title}, clip bounds [{low:g}, {high:g}]")
+    line(axes[3], "entropy", "entropy", "entropy (nats)")
+    axes[3].set(title="entropy of the policy at each token", xlabel="response token t")
+    for ax in axes:
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"step {record['step']} ({record['stage']}): {probe['prompt'][-80:]!r}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=70)
+    plt.close(fig)
+    return drawn
+
+
+def position_figure(record: dict, out: str):
+    """Mean V(s_t) by token position over the probe set, against the Monte-Carlo return (gamma = 1)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    by = record["by_position"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = [t for t, c in enumerate(by["count"]) if c > 0]
+    ax.plot(xs, [by["mean_value"][t] for t in xs], label="mean V(s_t)")
+    ax.plot(xs, [by["mean_return"][t] for t in xs], "--", label="mean Monte-Carlo return")
+    ax.set(title=f"value by position over {len(record['probes'])} probe responses, step {record['step']} "
+                 f"({record['stage']})", xlabel="response token t")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=70)
+    plt.close(fig)
+
+
+def tokens_html(record: dict, chosen: list[int]) -> str:
+    """Each chosen probe's text, every token coloured by its advantage (green > 0, red < 0; the tooltip has the
+    numbers)."""
+    parts = [f"<html><head><meta charset='utf-8'><title>step {record['step']}</title></head><body style="
+             f"'font-family:monospace'><h3>step {record['step']} ({html.escape(record['stage'])}): tokens coloured by "
+             f"the policy's advantage (length-adaptive lambda; group advantage without a critic)</h3>"]
+    for i in chosen:
+        p = record["probes"][i]
+        adv = p.get("adv_adaptive", p.get("adv_group"))
+        scale = max((abs(a) for a in adv), default=1.0) or 1.0
+        parts.append(f"<p><b>reward {p['reward']:+g}, {p['length']} tokens</b> "
+                     f"{html.escape(p['prompt'][-120:])}<br>")
+        for t, (piece, a) in enumerate(zip(p["pieces"], adv)):
+            alpha = min(1.0, abs(a) / scale)
+            color = f"rgba(0,160,0,{alpha:.2f})" if a > 0 else f"rgba(220,0,0,{alpha:.2f})"
+            tip = " ".join(f"{k}={p[k][t]:.3f}" for k in ("value", "adv_adaptive", "adv_0.95", "adv_1.0", "ratio",
+                                                           "entropy", "adv_group") if k in p)
+            parts.append(f"<span style='background:{color}' title='t={t} {tip}'>{html.escape(piece)}</span>")
+        parts.append("</p>")
+    return "".join(parts) + "</body></html>"
+
+
+def views_folder(run_dir: str, record: dict) -> str:
+    """run_dir/views/step-N/, and step-0-pretrained/ for the record after value pretraining."""
+    pretrained = "-pretrained" if record["stage"] == "after value pretraining" else ""
+    return os.path.join(run_dir, "views", f"step-{record['step']}{pretrained}")
+
+
+def plot_tokens(run_dir: str, step: int | None = None, stage: str | None = None) -> str:
+    """The teaching views of run_dir's record at `step` (the last record there, or the one of `stage`: "step 0",
+    "after value pretraining", "evaluation"; default: the last record), written to views_folder (probe-K.png,
+    value-by-position.png, index.html); returns that folder."""
+    records = read_tokens(run_dir)
+    at = [r for r in records if (step is None or r["step"] == step) and (stage is None or r["stage"] == stage)]
+    if not at:
+        raise SystemExit(f"{run_dir}/tokens.jsonl has no record at step {step}{f' ({stage})' if stage else ''} "
+                         f"(records: {[(r['step'], r['stage']) for r in records]})")
+    record = at[-1]
+    folder = views_folder(run_dir, record)
+    os.makedirs(folder, exist_ok=True)
+    chosen = pick_probes(record["probes"])
+    for k, i in enumerate(chosen):
+        probe_figure(record, record["probes"][i], os.path.join(folder, f"probe-{k}.png"))
+    if record.get("by_position"):
+        position_figure(record, os.path.join(folder, "value-by-position.png"))
+    with open(os.path.join(folder, "index.html"), "w") as fh:
+        fh.write(tokens_html(record, chosen))
+    return folder
+
+
 def summarize(path: str) -> dict:
     """The figures of a run: held-out accuracy at the start and the end (each eval/acc key), mean response
     length at both ends, wall time, and the share of the RL steps' time spent in each phase."""
@@ -122,9 +277,22 @@ def summarize(path: str) -> dict:
     return out
 
 
-if __name__ == "__main__":
-    src = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(src)), "curves.png")
+def main(argv: list[str]):
+    if argv and argv[0] == "tokens":
+        parser = argparse.ArgumentParser(prog="plots.py tokens", description="the per-token teaching views")
+        parser.add_argument("run_dir")
+        parser.add_argument("--step", type=int, default=None, help="the record's step (default: the last)")
+        parser.add_argument("--stage", default=None, choices=("step 0", "after value pretraining", "evaluation"),
+                            help="which record of that step (default: its last)")
+        args = parser.parse_args(argv[1:])
+        print(plot_tokens(args.run_dir, args.step, args.stage))
+        return
+    src = argv[0]
+    out = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(src)), "curves.png")
     print(plot_metrics(src, out))
     for key, value in summarize(src).items():
         print(f"{key:45s} {value:.3f}" if isinstance(value, float) else f"{key:45s} {value}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

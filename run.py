@@ -36,7 +36,9 @@ from tqdm import tqdm
 
 from data import check_gold_answers, load_data
 from models import found_or_exit, load_models, load_tokenizer, pick_device, replace_atomically, safetensors_files
-from plots import plot_metrics
+from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
+from plots import pick_probes, plot_metrics, plot_tokens, read_tokens
+from rollout import score_rollout
 from reward import Verifier, arith_reward, math_reward
 from task import ensure_base_model
 
@@ -178,7 +180,7 @@ def verifier_for(cfg) -> Verifier:
 # ==================================================================================================================
 
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint", "checkpoint.prev", "checkpoint.tmp", "critic_pretrained",
-             "curves.png")
+             "curves.png", "tokens.jsonl", "probes.json", "views")
 
 
 @dataclass
@@ -224,6 +226,7 @@ class Run:
                 self.writer = wandb.init(project="vapo", config=dataclasses.asdict(cfg), dir=self.dir)
             write_atomically(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
             log.info("run folder %s; config:\n%s", self.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
+        self.views = TokenViews(self)  # the per-token record (tokens.jsonl, views/)
 
     @staticmethod
     def check_folder(folder: str | None, resume: bool, overwrite: bool) -> list[str]:
@@ -322,6 +325,7 @@ class Run:
         if saved is not None:
             progress = Progress(saved["step"], saved["value_pretrained"], saved["pretrain"] or Progress().pretrain)
             self.truncate_metrics(progress.step, None if progress.value_pretrained else progress.pretrain["step"])
+            self.views.truncate(progress.step)
             log.info("resumed from step %d%s", progress.step, "" if progress.value_pretrained else
                      f" (value pretraining step {progress.pretrain['step']})")
         elif self.critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
@@ -440,6 +444,130 @@ def close_engine(engine, parallel: SingleProcess):
     parallel.barrier()
     if hasattr(engine, "close"):
         engine.close()
+
+
+# ==================================================================================================================
+# The per-token record behind the teaching views (python plots.py tokens RUN_DIR)
+# ==================================================================================================================
+
+PROBE_PROMPTS, PROBE_SAMPLES = 8, 4  # the probe set: held-out prompts x samples from the starting policy
+
+
+class TokenViews:
+    """A fixed set of probe responses (PROBE_PROMPTS held-out prompts x PROBE_SAMPLES, sampled once from the
+    starting policy with a fixed seed, kept in probes.json so that a resumed run keeps them), scored token by token
+    at step 0, after value pretraining and at every evaluation; one JSON line per record in tokens.jsonl, with
+    every probe's reward and length, and these rows for the four that plots.py draws (plots.pick_probes):
+
+        V(s_t) and the critic's return target (lambda_critic) under the current critic; the policy's advantage,
+        raw (before whitening), under the length-adaptive lambda, a fixed 0.95 and 1.0 (critic-free runs: the
+        group advantage); the probability ratio pi_new / pi_old of the step's update (pi_old: the policy before
+        that step's update; 1 where there was none yet) with the clip bounds; the entropy; and, over the whole
+        probe set, the mean V(s_t) and the mean Monte-Carlo return (gamma = 1: the reward) by token position.
+
+    One process only (a sharded run's models cannot score alone: the views are skipped there). plots.py draws
+    them; nothing here needs a service running."""
+
+    def __init__(self, run: "Run"):
+        self.run, self.cfg = run, run.cfg
+        self.path, self.probes_path = os.path.join(run.dir, "tokens.jsonl"), os.path.join(run.dir, "probes.json")
+        self.enabled = run.cfg.token_views and run.parallel.world_size == 1
+        self.probes, self.old_logprobs = None, None
+
+    def _probes(self, engine, held_out, verifier):
+        """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
+        from rollout import rollout_from_tokens
+        tokenizer = self.run.tokenizer
+        if os.path.exists(self.probes_path):
+            with open(self.probes_path) as fh:
+                saved = json.load(fh)
+        else:
+            rows = held_out[:PROBE_PROMPTS]
+            r = engine.generate([row["prompt"] for row in rows], n=PROBE_SAMPLES, seed=self.cfg.seed + 104729)
+            golds = [rows[int(i)]["answer"] for i in r.prompt_index]
+            saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
+                                                                         r.prompt_mask[::PROBE_SAMPLES])],
+                     "responses": [ids[:n].tolist() for ids, n in zip(r.response_ids, r.lengths)],
+                     "rewards": [float(x) for x in verifier.score(r.texts, golds)]}
+            if self.run.parallel.is_main:
+                write_atomically(self.probes_path, json.dumps(saved))
+        probes = rollout_from_tokens(saved["prompts"], saved["responses"], [[0.0] * len(x) for x in saved["responses"]],
+                                     PROBE_SAMPLES, engine.eos_ids, engine.pad_id, tokenizer, engine.device)
+        return probes, torch.tensor(saved["rewards"], device=engine.device)
+
+    def keep_old(self, policy, step: int):
+        """Before step `step`'s update, when an evaluation follows it: the probes' log-probs under the policy then
+        (pi_old of that update's ratio)."""
+        cfg = self.cfg
+        if self.enabled and self.probes is not None and (step == cfg.steps or (cfg.eval_every and
+                                                                             step % cfg.eval_every == 0)):
+            self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
+                                              cfg.temperature)["old_logprobs"]
+
+    def record(self, step: int, stage: str, policy, critic, engine, held_out, verifier):
+        if not self.enabled or not held_out:
+            return
+        try:
+            if self.probes is None:
+                self.probes = self._probes(engine, held_out, verifier)
+            self._write(step, stage, policy, critic)
+        except Exception as err:  # noqa: BLE001 - a view must not stop a long run
+            log.warning("could not record the token views at step %d: %s", step, err)
+        self.old_logprobs = None
+
+    def _write(self, step: int, stage: str, policy, critic):
+        cfg, (probes, rewards) = self.cfg, self.probes
+        mask = probes.response_mask
+        scored = score_rollout(policy, critic, probes, cfg.micro_batch_size, cfg.temperature)
+        new = scored["old_logprobs"]  # [B, T] under the current policy
+        old = self.old_logprobs if self.old_logprobs is not None else new
+        terminal = terminal_rewards(rewards, mask)  # [B, T], the reward on the last token
+        rows = {"logprob": new, "entropy": scored["entropy"], "ratio": torch.where(mask.bool(), (new - old).exp(), 0.0)}
+        lam_policy = length_adaptive_lambda(probes.lengths, cfg.alpha)  # [B]
+        if critic is not None:
+            values = scored["values"]
+            adaptive, returns = decoupled_gae(terminal, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
+                                              lam_critic=cfg.lam_critic)
+            rows |= {"value": values, "return": returns, "adv_adaptive": adaptive}
+            for name, lam in (("adv_0.95", 0.95), ("adv_1.0", 1.0)):
+                rows[name] = gae(terminal, values, mask, gamma=cfg.gamma, lam=lam)[0]
+            counts = mask.sum(0).clamp(min=1)  # [T] responses that reach position t
+            by_position = {"mean_value": ((values * mask).sum(0) / counts).tolist(),
+                           "mean_return": ((rewards[:, None] * mask).sum(0) / counts).tolist(),
+                           "count": mask.sum(0).tolist()}
+        else:
+            rows["adv_group"] = group_advantage(rewards, mask, PROBE_SAMPLES)
+            by_position = None
+        tokenizer = self.run.tokenizer
+        out = [{"reward": float(rewards[b]), "length": int(probes.lengths[b])} for b in range(probes.B)]
+        for b in pick_probes(out):  # token by token for the four drawn only: a compact record at any length
+            n = out[b]["length"]
+            ids = probes.response_ids[b, :n].tolist()
+            out[b] |= {"lam_policy": round(float(lam_policy[b]), 6), "tokens": ids,
+                       "prompt": tokenizer.decode(probes.prompt_ids[b][probes.prompt_mask[b].bool()]),
+                       "pieces": [tokenizer.decode([i]) for i in ids],
+                       **{k: [round(float(x), 6) for x in v[b, :n]] for k, v in rows.items()}}
+        line = {"step": step, "stage": stage, "eps_low": cfg.eps_low, "eps_high": cfg.eps_high_used,
+                "lam_critic": cfg.lam_critic, "alpha": cfg.alpha, "probes": out, "by_position": by_position}
+        if self.run.parallel.is_main:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(line) + "\n")
+            plot_views(self.run.dir, step, stage)
+
+    def truncate(self, step: int):
+        """Resume: drop the records of steps after the checkpoint's (they will be written again)."""
+        if os.path.exists(self.path) and self.run.parallel.is_main:
+            write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in read_tokens(self.run.dir)
+                                                if r["step"] <= step))
+
+
+def plot_views(run_dir: str, step: int, stage: str):
+    """The teaching views of a record (plots.py), written into run_dir/views/; a failure is logged, never fatal."""
+    try:
+        plot_tokens(run_dir, step, stage)
+    except Exception as err:  # noqa: BLE001
+        log.warning("could not draw the token views of step %d: %s", step, err)
+    gc.collect()
 
 
 def plot(run: Run):

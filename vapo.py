@@ -9,7 +9,7 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
     0. value pretraining: critic-only steps on the frozen initial policy's rollouts          pretrain_value
     then, every step                                                                          rl_step
     1. rollout     G samples per prompt from the current policy                               sample_and_reward
-    2. reward      the verifier's +1 / -1, placed on each response's last token              terminal_rewards
+    2. reward      the verifier's +1 / -1, placed on each response's last token          gae.terminal_rewards
     3. score       the policy's old log-probs and the critic's V(s_t), no grad               score
     4. advantages  decoupled, length-adaptive GAE: critic targets and policy advantages       advantages_and_returns
     5. update      mini-batches of PPO (policy) and value-loss (critic) steps                 update
@@ -60,7 +60,7 @@ import torch
 
 import config
 from data import prompt_batch
-from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda
+from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import explained_variance, masked_mean, masked_whiten, policy_loss, positive_nll_loss, value_loss
 from reward import Verifier, overlong_penalty
 from rollout import Rollout, by_length, make_engine, response_logprobs, response_values, score_rollout, sync_engine
@@ -234,14 +234,15 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
         progress = run.restore()
         sync_engine(engine, policy, parallel)  # the engine samples from the restored weights
 
-    def evaluate_at(step: int):
+    def evaluate_at(step: int, stage: str = "evaluation"):
         if held_out:
             run.emit_eval(step, evaluate(engine, held_out, cfg, verifier))
+        run.views.record(step, stage, policy, critic, engine, held_out, verifier)  # tokens.jsonl, views/
 
     with run.stop:  # SIGTERM / SIGINT: stop at the next safe point, with a checkpoint
         if not progress.value_pretrained:
             if progress.pretrain["step"] == 0:
-                evaluate_at(0)  # the base model's accuracy
+                evaluate_at(0, "step 0")  # the base model's accuracy
             if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
                 if not pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, run.emit,
                                       progress.pretrain, should_stop=run.stop_requested):
@@ -249,10 +250,12 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                     run.stopped(0)
                     return run.finish(final_plot=False)
                 run.save_pretrained_critic()
+                run.views.record(0, "after value pretraining", policy, critic, engine, held_out, verifier)
                 optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)  # fresh warmup for the RL phase
             progress.value_pretrained = True
             run.save(progress)
         for step in run.steps(progress):
+            run.views.keep_old(policy, step + 1)  # the probes' pi_old, when this step is evaluated
             record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier)  # phases 1-6
             sync_engine(engine, policy, parallel)  # the next rollout samples from the updated weights
             if run.after_step(record, progress, evaluate_at):  # log; then evaluate, plot, save or stop
@@ -378,18 +381,6 @@ def sample_round(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> t
         golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
         scores = torch.tensor(verifier.score(rollout.texts, golds, stats=stats))  # 2. reward
     return rollout, scores.to(rollout.response_mask.device), stats
-
-
-def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """rewards[b, t] = scores[b] at the last real token of sample b, 0 elsewhere (a sparse verifier reward).
-
-    scores: [B]; mask: [B, T] right-padded. An empty response (no token) has nowhere to put its reward: it gets
-    none (and the caller counts it in the step's log)."""
-    lengths = mask.sum(-1).long()  # [B]
-    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [B, T]
-    has = lengths > 0
-    rewards[has.nonzero().squeeze(1), lengths[has] - 1] = scores[has].float()
-    return rewards
 
 
 def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:

@@ -83,6 +83,7 @@ from config import PRESETS  # noqa: E402
 from data import load_data  # noqa: E402
 import demo_seeds  # noqa: E402  (machine())
 from qwen_proxy import QWEN25_05B  # noqa: E402
+from plots import read_jsonl  # noqa: E402  (a run's metrics.jsonl, complete lines only)
 import rollout as rollout_mod  # noqa: E402
 import run  # noqa: E402
 import task  # noqa: E402
@@ -213,19 +214,6 @@ class Stopper:
         return False
 
 
-def read_records(path: str) -> list[dict]:
-    """The run's metrics.jsonl, complete lines only."""
-    out = []
-    if os.path.exists(path):
-        with open(path) as fh:
-            for line in fh:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-    return out
-
-
 def build_model_folder(folder: str, tiny: bool, device: torch.device, seed: int):
     """The random Qwen2.5-0.5B-shaped policy and the built-in tokenizer, saved in folder -> (config, params)."""
     from transformers import Qwen2ForCausalLM
@@ -340,7 +328,7 @@ def vllm_part(args, folder: str, workdir: str, probe: Probe, box_s: float) -> di
     calls = [r for r in probe.records if r["phase"] == "vllm"]
     gens = [r for r in calls if r["what"] == "vllm generate"]
     return {"seconds": round(time.perf_counter() - t0, 1), "box_s": round(box_s, 1),
-            "steps_done": len([r for r in read_records(os.path.join(cfg.output_dir, "metrics.jsonl"))
+            "steps_done": len([r for r in read_jsonl(os.path.join(cfg.output_dir, "metrics.jsonl"))
                                if "step" in r and "time/step" in r]),
             "generation_tokens_per_s": statistics.median(r["tokens"] / r["seconds"] for r in gens) if gens else None,
             "calls": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "phase"}
@@ -411,7 +399,7 @@ def main(argv=None):
         if "train" in args.parts:
             with Stopper(args.stop_after_s or SHARES["train"] * args.budget_s):
                 vapo.train(cfg)
-            records = read_records(os.path.join(run_dir, "metrics.jsonl"))
+            records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
         train_s = time.perf_counter() - t_train
         probe.phase = "evaluate"
         if "evaluate" in args.parts:
