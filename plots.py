@@ -179,7 +179,8 @@ def probe_figure(record: dict, probe: dict, out: str) -> dict:
     line(axes[3], "entropy", "entropy", "entropy (nats)")
     axes[3].set(title="entropy of the policy at each token", xlabel="response token t")
     for ax in axes:
-        ax.legend(fontsize=7, loc="best")
+        if ax.get_legend_handles_labels()[0]:  # a critic-free run has no values to draw
+            ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"step {record['step']} ({record['stage']}): {probe['prompt'][-80:]!r}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=70)
