@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # processes of their own: about 3 minutes for the module on 2 cores
+pytestmark = pytest.mark.slow  # processes of their own: minutes for the module on 2 cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # torchrun and accelerate of this environment
