@@ -33,11 +33,11 @@ class RunOptions:
 
     # --- what to train on ---
     model: str = "builtin"
-    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B) or a local folder; "builtin" = the 1M-parameter demo model (paper: Qwen2.5-32B)"""
+    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B) or a local folder; "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (paper: Qwen2.5-32B)"""
     value_model: str | None = None
-    """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model); default: the policy's weights with a zero head"""
+    """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model; "builtin-long-rm" = the long chains' outcome reward model); default: the policy's weights with a zero head"""
     dataset: str = "builtin"
-    """training prompts: "builtin" (synthetic arithmetic), a local .jsonl/.parquet file, or a Hugging Face dataset name (online only) (paper: DAPO-Math-17k)"""
+    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, or a Hugging Face dataset name (online only) (paper: DAPO-Math-17k)"""
     eval_dataset: str | None = None
     """held-out prompts, same forms as --dataset; default: the built-in task's held-out split, or the last --eval-prompts rows of --dataset (removed from training)"""
     train_split: str = "train"
@@ -102,7 +102,7 @@ class RunOptions:
     @property
     def builtin(self) -> bool:
         """The built-in task (task.py) rather than a dataset."""
-        return self.dataset == "builtin"
+        return self.dataset in ("builtin", "builtin-long")
 
 
 # Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "gpu-0.5b" (one GPU's budget,
@@ -118,6 +118,22 @@ PRESETS: dict[str, dict] = {
                  whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
                  overlong_cache=16,  # overlong penalty from 112 tokens: ten correct steps take 111
                  eval_batch_size=200),  # the whole evaluation (800 rows of <= 128 tokens) in one pass fits a CPU
+    # The long chains (docs/long.md): 1 to 40 steps, responses of 10 to 411 tokens, a base model right a few
+    # percent of the time at 40 steps when sampling, the critic initialised from the shipped outcome reward model
+    # (the paper's start). alpha = 0.5 as in the demo: with lambda = 1 - 1 / (alpha l) the terminal reward
+    # reaches a response's first token with weight (1 - 1 / (alpha l))^l ~ exp(-1 / alpha) = 0.14 at every
+    # length, where a fixed 0.95 gives it 0.95^400 = 1e-9 at 400 tokens. Sized for 15 minutes on one core.
+    "long": dict(model="builtin-long", value_model="builtin-long-rm", dataset="builtin-long", steps=40,
+                 prompts_per_step=8, samples_per_prompt=8, mini_batch_size=32, micro_batch_size=8,
+                 max_new_tokens=448, actor_lr=1.5e-4, critic_lr=1e-3, warmup_steps=5, alpha=0.5,
+                 value_pretrain_steps=20, value_pretrain_ev=0.5, whiten_advantages=True, eval_every=20,
+                 eval_prompts=80, eval_samples=4, save_every=20,
+                 # avg@k at top-p 1.0, not the paper's 0.7: a borrow step's right token has p = 0.7 in the base
+                 # model, right at the nucleus's edge, so at top-p 0.7 a tiny update that moves it past 0.7 removes
+                 # the habit from the nucleus altogether (measured: avg@4 0.29 -> 0.58 after 3 steps of warmup)
+                 eval_top_p=1.0,
+                 overlong_cache=32,  # overlong penalty from 416 tokens: forty correct steps take 411
+                 eval_batch_size=80),
     # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
                      mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
@@ -296,7 +312,7 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
             raise SystemExit(f"--resume {resume}: the run was {base.get('algo', 'vapo')}; --algo cannot change")
     else:
         chose = preset is None
-        preset = preset or ("demo" if args.get("model", "builtin") == "builtin" else "gpu-0.5b")
+        preset = preset or {"builtin": "demo", "builtin-long": "long"}.get(args.get("model", "builtin"), "gpu-0.5b")
         algo = args.get("algo", "vapo")
         if algo not in algorithms:
             raise SystemExit(f"vapo: --algo: must be one of {', '.join(algorithms)}, got {algo!r}")
@@ -310,7 +326,7 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
         log.info("preset %s%s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
                  "%s)", preset, why if preset == "gpu-0.5b" else "", cfg.steps, cfg.prompts_per_step,
                  cfg.samples_per_prompt, cfg.max_new_tokens, "|".join(PRESETS))
-        if preset != "demo" and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        if preset not in ("demo", "long") and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
             log.warning("the %s preset (%d samples per step%s) on a machine without a GPU will look like a hang; "
                         "for a small local model try --preset demo", preset, cfg.batch_size,
                         ", bf16 autocast: emulated on most CPUs, add --no-bf16" if cfg.bf16 else "")

@@ -239,8 +239,12 @@ def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     --eval-dataset (or the last --eval-prompts rows of --dataset). A bad file or row is the user's to fix:
     SystemExit naming the option, the file and the row."""
     if cfg.builtin:
-        return (task.make_dataset(20000, seed=cfg.seed, split="train"),
-                task.make_dataset(cfg.eval_prompts, seed=0, split="eval"))
+        chains = task.LONG if cfg.dataset == "builtin-long" else task.DEMO
+        steps = chains.min_steps, chains.max_steps
+        held_out = task.make_dataset(cfg.eval_prompts, 0, *steps, split="eval")
+        if chains is task.LONG:  # evaluation also reports accuracy by band of step counts (1-10, 11-20, ...)
+            held_out = [{**r, "band": task.band_of(r["n_steps"])} for r in held_out]
+        return task.make_dataset(20000, cfg.seed, *steps, split="train"), held_out
     kw = dict(question_field=cfg.question_field, answer_field=cfg.answer_field, template=cfg.template,
               tokenizer=tokenizer)
 

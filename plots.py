@@ -60,8 +60,12 @@ def plot_metrics(path: str, out: str) -> str:
     pre, steps, evals = read_metrics(path)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     ax = axes[0, 0]
-    for key in sorted({k for r in evals for k in r if k.startswith("eval/acc")}):
+    keys = sorted({k for r in evals for k in r if k.startswith("eval/acc")})
+    for key in [k for k in keys if "_steps_" not in k]:
         ax.plot(*_series(evals, "step", key), "o-", label=key.removeprefix("eval/"))
+    for key in [k for k in keys if "_steps_" in k and "_greedy_" not in k]:  # the long chains' bands, sampled
+        name, band = key.removeprefix("eval/acc_").split("_steps_")
+        ax.plot(*_series(evals, "step", key), ".:", lw=1, label=f"{name}, {band} steps")
     xs, ys = _series(steps, "step", "train_acc")
     ax.plot(xs, _smooth(ys), alpha=0.6, label="train (rollouts, smoothed)")
     ax.set(title="accuracy", xlabel="step", ylim=(0, 1))

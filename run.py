@@ -40,7 +40,7 @@ from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, ter
 from plots import pick_probes, plot_metrics, plot_tokens, read_tokens
 from rollout import score_rollout
 from reward import Verifier, arith_reward, math_reward
-from task import ensure_base_model
+from task import BUILTIN_MODELS, shipped_model
 
 log = logging.getLogger("vapo")
 
@@ -135,7 +135,7 @@ def check_inputs(cfg):
     """What can be checked before any model or data loads, beyond config.validate: local model folders exist,
     the logging package of --report-to is installed. SystemExit with the option and the fix."""
     for option, name in (("--model", cfg.model), ("--value-model", cfg.value_model)):
-        if name in (None, "builtin"):
+        if name is None or name in BUILTIN_MODELS:
             continue
         local = name.startswith((".", "/", "~")) or name.endswith("/") or os.sep in name.strip("/").split("/", 1)[-1]
         if local and not os.path.isdir(os.path.expanduser(name)):
@@ -161,7 +161,9 @@ def load_inputs(cfg, resume: bool, overwrite: bool, parallel: SingleProcess) -> 
         with found_or_exit("--model", cfg.model):
             tokenizer = load_tokenizer(cfg.model)
         rows, held_out = load_data(cfg, tokenizer)
-    name = ensure_base_model(log=log.info) if cfg.model == "builtin" else cfg.model  # the shipped base model
+    name = shipped_model(cfg.model, log.info) if cfg.model in BUILTIN_MODELS else cfg.model  # a shipped model
+    if cfg.value_model in BUILTIN_MODELS:  # the shipped reward model: its folder (config.json keeps the name)
+        cfg = dataclasses.replace(cfg, value_model=shipped_model(cfg.value_model, log.info))
     policy, critic, tokenizer = parallel.load_models(cfg, pick_device(cfg.device), name)
     if cfg.builtin:
         rows, held_out = load_data(cfg, tokenizer)

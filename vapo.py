@@ -41,7 +41,8 @@ Where we differ from the paper, on purpose:
 3. The built-in demo is tiny: a 1M-parameter model, tens of tokens per response, larger learning rates and
    alpha = 0.5 instead of 0.05 (alpha * length is the policy's effective horizon; 0.05 is meant for thousands
    of tokens and gives lambda_policy = 0 for the demo's lengths). `--preset paper` has the paper's values.
-4. The critic is initialised from the policy (or `--value-model`), with a zero head, not from a reward model.
+4. The critic is initialised from the policy (or `--value-model`), with a zero head, not from a reward model;
+   `--preset long` starts it from the paper's choice, an outcome reward model (task.py builds and ships it).
 5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy.
 
 Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, checkpoints,
@@ -644,6 +645,8 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
     greedy. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is untouched.
     Sampled in passes of eval_batch prompts, so that the KV cache never holds more rows than a training rollout's
     (or --eval-batch-size prompts x k)."""
+    # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
+    bands = sorted({r["band"] for r in rows if "band" in r}, key=lambda b: int(b.split("-")[0]))
     out, rows = {}, parallel.shard(rows)  # each process evaluates its share; the figures are over all of them
     eval_batch = cfg.eval_batch_size or max(1, cfg.batch_size // cfg.eval_samples)
     for name, n, temperature, top_p in (("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature,
@@ -651,6 +654,7 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         if not rows:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
             out[f"eval/acc_{name}"] = batch_mean(torch.zeros(0))
             out[f"eval/response_len_{name}"] = batch_mean(torch.zeros(0))
+            out |= {f"eval/acc_{name}_steps_{band}": batch_mean(torch.zeros(0)) for band in bands}
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
@@ -659,6 +663,9 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         scores = torch.tensor(verifier.score(rollout.texts, golds))
         out[f"eval/acc_{name}"] = batch_mean(scores > 0)
         out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
+        for band in bands:
+            pick = torch.tensor([rows[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
+            out[f"eval/acc_{name}_steps_{band}"] = batch_mean(scores[pick] > 0)
     return out
 
 
