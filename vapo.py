@@ -1,6 +1,7 @@
 """vapo: Value-based Augmented Proximal Policy Optimization (Yue et al. 2025, arXiv 2504.05118), the algorithm.
 
     python vapo.py                      # the built-in demo: a 1M-parameter model learns multi-step arithmetic on a CPU
+    python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~15 min, 1 core
     python vapo.py --model Qwen2.5-0.5B --dataset openai/gsm8k --preset gpu-0.5b     # one GPU
     python vapo.py --help               # every option, with the paper's value
 

@@ -193,3 +193,17 @@ def test_the_long_preset_runs_two_steps_from_the_shipped_models(tmp_path):
     start = [v for p in views[0]["probes"] if "value" in p for v in p["value"]]
     assert max(start) - min(start) > 0.05  # the reward model's values, not a zero head's
     assert os.path.exists(os.path.join(cfg.output_dir, "views", "step-2", "value-by-position.png"))
+
+
+def test_a_build_resumed_after_a_stage_gives_the_uninterrupted_builds_weights(tmp_path, monkeypatch):
+    """How base-model-long/ was built: stage 1, then the rest from stage 1's saved weights. The weights are those
+    of one uninterrupted build (each stage has a fresh optimizer and its own seed), checked at tiny size."""
+    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
+    whole = task.build_base_model(str(tmp_path / "whole"), eval_per_step=0, progress=False, chains=task.LONG)
+    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3),)})
+    task.build_base_model(str(tmp_path / "first"), eval_per_step=0, progress=False, chains=task.LONG)
+    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
+    resumed = task.build_base_model(str(tmp_path / "resumed"), eval_per_step=0, progress=False, chains=task.LONG,
+                                    resume=(str(tmp_path / "first"), 1))
+    assert resumed["sha256"] == whole["sha256"] and resumed["recipe"]["resumed_after_stages"] == 1
+    assert whole["sha256"] != json.load(open(tmp_path / "first" / task.BUILD_INFO))["sha256"]
