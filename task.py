@@ -114,8 +114,9 @@ DEMO = Chains("demo", MIN_STEPS, MAX_STEPS, HABIT_PROB, ERROR_PROB, 0.0, MAX_RES
 # borrow steps at 40). The habit is a minority here (30%): each borrow step is a decision that a sample gets right
 # 7 times in 10, and the chain is right only if all of them are, so the sampled accuracy falls from about 90% at one
 # step to a few percent at 40 (0.7^8 = 6%, with the slips less). One demonstration in ten skips the chain and
-# guesses (the shortcut): a guess is often right on one or two steps and about 1 in 15 at 40, no worse than a
-# chain there, so a policy can collapse to short guesses. docs/long.md has the measured table.
+# guesses (the shortcut): the base model's guess is right about 1 time in 20 at any length (measured: 3-10% by
+# band), as often as a sampled chain at 21-40 steps, so a policy can collapse to short guesses. docs/long.md has
+# the measured tables.
 LONG = Chains("long", 1, 40, 0.3, 0.01, 0.1, 448, 10)
 CHAINS = {c.name: c for c in (DEMO, LONG)}
 
