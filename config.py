@@ -54,6 +54,8 @@ class RunOptions:
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 50
     """evaluate on held-out prompts every this many steps (0 = only at the start and the end)"""
+    eval_every_samples: int = 0
+    """evaluate instead each time the RL phase's generated samples pass a multiple of this (0 = by --eval-every steps): runs whose steps cost different numbers of samples (DAPO's dynamic sampling) then compare at equal samples"""
     eval_prompts: int = 200
     """held-out prompts per evaluation (at most)"""
     eval_samples: int = 32
@@ -200,6 +202,7 @@ def validate(cfg, algorithms: dict):
         (lambda: c.value_clip is None or c.value_clip > 0, "value_clip", "must be > 0 (or none)"),
         (lambda: c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1"),
         (lambda: c.eval_every >= 0, "eval_every", "must be >= 0"),
+        (lambda: c.eval_every_samples >= 0, "eval_every_samples", "must be >= 0"),
         (lambda: c.save_every >= 0, "save_every", "must be >= 0"),
         (lambda: c.eval_prompts >= 0, "eval_prompts", "must be >= 0"),
         (lambda: c.eval_samples >= 1, "eval_samples", "must be >= 1"),

@@ -192,6 +192,50 @@ def probe_figure(record: dict, probe: dict, out: str) -> dict:
     return drawn
 
 
+def compare_figure(columns: list[tuple[str, dict, dict, str]], out: str, marks: list[int] | None = None) -> dict:
+    """One probe response under several runs, side by side: columns of (label, record, probe, advantage key: the
+    run's own, e.g. "adv_adaptive" for VAPO, "adv_0.95" for PPO, "adv_group" for GRPO), each with the panels of
+    probe_figure (the critic's V(s_t) and return target, the raw advantage, the update's ratio with its clip
+    bounds, the entropy) on shared axes; marks: token positions to draw as vertical lines in every panel (e.g.
+    the decisive tokens). Returns {label: {panel: y values}} (what was drawn)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(4, len(columns), figsize=(6.5 * len(columns), 10), sharex=True, sharey="row",
+                             squeeze=False)
+    drawn: dict = {}
+    for j, (label, record, probe, adv_key) in enumerate(columns):
+        xs, col, got = list(range(probe["length"])), axes[:, j], drawn.setdefault(label, {})
+        if "value" in probe:
+            col[0].plot(xs, probe["value"], label="V(s_t)")
+            col[0].plot(xs, probe["return"], "--", label=f"return target (lambda_critic {record['lam_critic']:g})")
+            got["value"] = probe["value"]
+            col[0].legend(fontsize=7)
+        else:
+            col[0].text(0.5, 0.5, "no critic", ha="center", va="center", transform=col[0].transAxes)
+        col[1].plot(xs, probe[adv_key], color="C2")
+        col[1].axhline(0, color="grey", lw=0.5)
+        col[2].plot(xs, probe["ratio"], color="C3")
+        for bound in (1 - record["eps_low"], 1 + record["eps_high"]):
+            col[2].axhline(bound, color="red", lw=0.8, ls=":")
+        col[3].plot(xs, probe["entropy"], color="C4")
+        got |= {"advantage": probe[adv_key], "ratio": probe["ratio"], "entropy": probe["entropy"]}
+        for ax in col:
+            for t in marks or []:
+                ax.axvline(t, color="orange", lw=0.6, alpha=0.7)
+        col[0].set_title(f"{label}: step {record['step']}, reward {probe['reward']:+g}, {probe['length']} tokens",
+                         fontsize=9)
+        col[1].set_title(f"raw advantage ({adv_key.removeprefix('adv_')})", fontsize=8)
+        col[2].set_title(f"ratio pi_new / pi_old, clip [{1 - record['eps_low']:g}, {1 + record['eps_high']:g}]",
+                         fontsize=8)
+        col[3].set_title("entropy (nats)", fontsize=8)
+        col[3].set_xlabel("response token t" + (" (orange: the decisive tokens)" if marks else ""))
+    fig.tight_layout()
+    fig.savefig(out, dpi=70)
+    plt.close(fig)
+    return drawn
+
+
 def position_figure(record: dict, out: str):
     """Mean V(s_t) by token position over the probe set, against the Monte-Carlo return (gamma = 1)."""
     import matplotlib

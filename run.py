@@ -363,12 +363,12 @@ class Run:
 
     def after_step(self, record: dict, progress: Progress, evaluate) -> bool:
         """After an RL step: log it; stop the run on a streak of non-finite steps (a checkpoint, then SystemExit);
-        evaluate (evaluate(step)) and plot every eval_every steps and at the last; checkpoint every save_every
+        evaluate (evaluate(step)) and plot when `evaluates` says and at the last; checkpoint every save_every
         steps, at the last and on a signal. True when the loop ends here."""
         cfg = self.cfg
         self.emit(record)
         fault_point("step-logged")
-        self.generated += record["samples_generated"]
+        before, self.generated = self.generated, self.generated + record["samples_generated"]
         self.bar.set_postfix({k: f"{record[key]:{fmt}}" for k, key, fmt in (
             ("acc", "train_acc", ".2f"), ("len", "response_len", ".0f"), ("ev", "explained_variance", ".2f"),
             ("s", "time/step", ".1f")) if key in record}, refresh=False)
@@ -383,7 +383,7 @@ class Run:
                 f"checkpoint in {self.dir} holds the last finite weights. Lower --actor-lr/--critic-lr or check "
                 f"the data, then continue with --resume {self.dir} (--max-nonfinite-steps sets the limit).")
         last = done == cfg.steps or (cfg.max_samples is not None and self.generated >= cfg.max_samples)
-        if last or (cfg.eval_every and done % cfg.eval_every == 0):
+        if last or self.evaluates(done, before, self.generated):
             evaluate(done)
             plot(self)
         stop_now = self.stop_requested()
@@ -395,6 +395,15 @@ class Run:
                          cfg.max_samples)
             return True
         return stop_now and self.stopped(done)
+
+    def evaluates(self, step: int, before: int, after: int) -> bool:
+        """Whether an evaluation follows step `step`, which took the samples generated from `before` to `after`:
+        every --eval-every-samples samples if set, else every --eval-every steps (the last step always is, and
+        is decided in after_step)."""
+        cfg = self.cfg
+        if cfg.eval_every_samples:
+            return after // cfg.eval_every_samples > before // cfg.eval_every_samples
+        return bool(cfg.eval_every) and step % cfg.eval_every == 0
 
     def stopped(self, step: int) -> bool:
         """If a signal asked to stop: say how to continue, and True."""
@@ -499,10 +508,14 @@ class TokenViews:
 
     def keep_old(self, policy, step: int):
         """Before step `step`'s update, when an evaluation follows it: the probes' log-probs under the policy then
-        (pi_old of that update's ratio)."""
-        cfg = self.cfg
-        if self.enabled and self.probes is not None and (step == cfg.steps or (cfg.eval_every and
-                                                                             step % cfg.eval_every == 0)):
+        (pi_old of that update's ratio). With --eval-every-samples the step's cost is foreseen as one batch; a
+        step that generates more (DAPO's extra rounds) and so reaches an evaluation unforeseen shows a ratio of 1
+        in its views."""
+        cfg, before = self.cfg, self.run.generated
+        after = before + cfg.batch_size
+        if self.enabled and self.probes is not None and (
+                step == cfg.steps or (cfg.max_samples is not None and after >= cfg.max_samples)
+                or self.run.evaluates(step, before, after)):
             self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
                                               cfg.temperature)["old_logprobs"]
 

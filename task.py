@@ -352,6 +352,21 @@ def step_errors(response: str, problem: dict) -> dict[str, int]:
     return counts
 
 
+def borrow_digits(response: str) -> list[int]:
+    """Character offsets in response of the tens digit that each borrow step's line writes ("12 b-5=07": the 0,
+    where the habit writes 1): the decisive tokens of a chain, where a sample keeps or forgets the borrow. Borrow
+    steps by the line's own operands; stops at the first line that is not a step line."""
+    out, offset = [], 0
+    for line in response.split("\n"):
+        m = _LINE.fullmatch(line)
+        if m is None:
+            break
+        if is_borrow_step(int(m[1]), m[3], int(m[4])):
+            out.append(offset + m.start(5))
+        offset += len(line) + 1
+    return out
+
+
 # --- evaluation ---------------------------------------------------------------------------------------------
 def generate_responses(model, tokenizer, problems: list[dict], temperature: float, top_p: float = 1.0,
                        samples: int = 1, max_new_tokens: int = MAX_RESPONSE_TOKENS, batch_size: int = 128,

@@ -63,7 +63,8 @@ import torch
 import config
 from data import prompt_batch
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
-from losses import explained_variance, masked_mean, masked_whiten, policy_loss, positive_nll_loss, value_loss
+from losses import (explained_variance, head_mask, masked_mean, masked_whiten, policy_loss, positive_nll_loss,
+                    value_loss)
 from reward import Verifier, overlong_penalty
 from rollout import Rollout, by_length, make_engine, response_logprobs, response_values, score_rollout, sync_engine
 from run import Progress, Run, SingleProcess, load_inputs
@@ -288,7 +289,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         scored = score(policy, critic, engine, rollout, cfg, stats)  # 3. no grad
     with timed(stats, "advantages"):
         values = scored.get("values")  # [B, T], or None without a critic
-        advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg)  # 4
+        advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
     with timed(stats, "update"):
         batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0}
         if critic is not None:
@@ -312,7 +313,10 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     if "entropy" in scored:  # not given by a sampler that returns only the chosen tokens' log-probs (vLLM)
         record["entropy"] = masked_mean(scored["entropy"], mask, all_sum=every).item()
     if critic is not None:
+        head = head_mask(mask)  # the critic's fit where its bias sits (the first tenth) and on the rest
         record |= {"explained_variance": explained_variance(values, returns, mask, all_sum=every),
+                   "ev_first_tenth": explained_variance(values, returns, head, all_sum=every),
+                   "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "lam_policy": batch_mean(lam_policy)}
     return record
@@ -430,10 +434,13 @@ def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
     return not getattr(engine, "own_weights", True) and cfg.top_p == 1 and not cfg.bf16
 
 
-def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor | None, cfg: Config):
+def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor | None, cfg: Config,
+                           stats: dict | None = None):
     """Phase 4: Decoupled (technique 2), length-adaptive (technique 3) GAE; or, with cfg.group_advantage,
     GRPO's group advantage (no critic, no returns). rewards: [B], one per response, placed on its last token.
-    Returns (advantages [B, T], returns [B, T] or None, lam_policy [B] or None)."""
+    Returns (advantages [B, T], returns [B, T] or None, lam_policy [B] or None). stats, when given, gets the raw
+    (unwhitened) mean advantage over each response's first tenth and over the rest ("advantage_first_tenth",
+    "advantage_rest"): a critic biased at the start of responses shows as a gap between the two."""
     mask = rollout.response_mask
     if cfg.group_advantage:
         advantages, returns, lam_policy = group_advantage(rewards, mask, cfg.group_size), None, None
@@ -445,6 +452,10 @@ def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor 
         lam_critic = cfg.lam_critic if cfg.decoupled_gae else lam_policy
         advantages, returns = decoupled_gae(terminal_rewards(rewards, mask), values, mask, gamma=cfg.gamma,
                                             lam_policy=lam_policy, lam_critic=lam_critic)
+    if stats is not None:
+        head = head_mask(mask)
+        stats["advantage_first_tenth"] = masked_mean(advantages, head, all_sum=parallel.all_sum).item()
+        stats["advantage_rest"] = masked_mean(advantages, mask - head, all_sum=parallel.all_sum).item()
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask, all_sum=parallel.all_sum)
     return advantages, returns, lam_policy

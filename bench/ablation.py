@@ -1,24 +1,38 @@
-"""Benchmark: the paper's ablation table (VAPO, arXiv 2504.05118, section 4) re-run in miniature on the demo task.
+"""Benchmark: the paper's ablation table (VAPO, arXiv 2504.05118, section 4) re-run in miniature.
 
-    python bench/ablation.py                        # 11 rows x 3 seeds (a long sweep: see below)
-    python bench/ablation.py --quick                # every row for 2 steps, 1 seed: proves each row still runs
+    python bench/ablation.py                        # the demo: 11 rows x 3 seeds (a long sweep: see below)
+    python bench/ablation.py --preset long          # the long chains: 11 rows x 3 seeds, 5 for the algorithms
+    python bench/ablation.py --quick [--preset long]   # every row for 2 steps, 1 seed: proves each row still runs
     python bench/ablation.py --rows VAPO GRPO --seeds 0 1 2
 
 Rows: the paper's baselines (`--algo ppo|grpo|dapo`), VAPO, and VAPO without each of its seven techniques (one
-switch each). Every run is `python vapo.py --preset demo --seed S <the row's options> --steps STEPS
---max-samples STEPS x 128 ...` in its own process with one torch thread, --jobs at a time, so that every row has
-the same budget of generated samples (DAPO's dynamic sampling generates more per step, so it takes fewer steps).
-The rows that pretrain the critic share one pretrained critic per seed: VAPO's run pretrains it and the others
-start from its critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts
-from a critic that knows nothing.
+switch each). Every run is `python vapo.py --preset P --seed S <the row's options> --max-samples BUDGET ...` in
+its own process with one torch thread, --jobs at a time, so that every row has the same budget of generated
+samples (DAPO's dynamic sampling generates more per step, so it takes fewer steps). The rows that pretrain the
+critic share one pretrained critic per seed: VAPO's run pretrains it and the others start from its
+critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts from the critic
+the preset gives (the demo: the policy with a zero head; long: the outcome reward model, untouched).
 
-Writes ablation.md (the table, and a second one of what the techniques act on: the critic's explained
-variance, lambda_policy, clip fractions, KL, entropy), ablation.json and ablation.png (held-out accuracy against
-generated samples, mean and range over seeds per row) into --out. A finished run is read back, not run again,
-so an interrupted sweep resumes, and a finished sweep only rewrites its reports. `--base weak` runs the rows
-from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py), where RL has more to
-learn than one habit. The default sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core
-machine that was also running other jobs; docs/ablation.md has its table and what it shows.
+--preset long (docs/long.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
+2,560 samples per run (the preset's 40 steps of 64), evaluated every 640 generated samples (`--eval-every-samples`:
+at equal sample counts, not at equal steps, so DAPO's extra rounds are not a longer curve), seeds 0-2 for every
+row and also 3-4 for the four algorithms (--algorithm-seeds). Jobs run in tiers, so that an interrupted sweep
+has the paper's main claims first: the four algorithms and the ablations of value pretraining and decoupled GAE
+(seeds 0-2), then the other five ablations (seeds 0-2), then the algorithms' extra seeds. About 10-14 minutes a
+run on one core: 41 runs are about 8 core-hours, more than one session; a finished run is read back, an
+interrupted one (SIGTERM it: vapo.py checkpoints first) resumes, so the sweep continues where it stopped. After
+the runs, each run's final critic is judged on one fixed set of the base model's responses (bench/critic_bias.py:
+its bias and explained variance by fifth of the response, and how much of the advantage's magnitude sits on the
+decisive tokens, the borrow digits), cached in the run folder as diagnostics.json.
+
+Writes ablation.md (the table, and one of what the techniques act on: the critic's explained variance overall
+and on the first tenth of responses, the raw advantage on the first tenth against the rest, lambda_policy, clip
+fractions at the lower and the upper bound, KL, entropy, response length early and late, held-out accuracy by
+band of step counts), ablation.json (every row and every seed) and ablation.png (held-out accuracy and response
+length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
+rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
+sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
+docs/ablation.md has its table and the long chains' and what they show.
 """
 from __future__ import annotations
 
@@ -26,15 +40,23 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import critic_bias  # noqa: E402  (same folder: the critic's bias, explained variance and credit by position)
 import demo_seeds  # noqa: E402  (same folder: runs, reads and summarises vapo.py runs)
 from config import PRESETS  # noqa: E402  (demo_seeds put the repository on the path)
 
+ALGORITHMS = ("PPO", "GRPO", "DAPO", "VAPO")
+FIRST_TIER = ALGORITHMS + ("w/o Value-Pretraining", "w/o Decoupled-GAE")  # the paper's main claims, run first
+# Per preset: the RL steps of a row without dynamic sampling (its budget is steps x the preset's batch), how many
+# evaluations along the budget, the held-out sampling, and the algorithms' extra seeds.
+SWEEPS = {"demo": dict(steps=24, evaluations=4, eval_prompts=100, eval_samples=2, algorithm_seeds=[]),
+          "long": dict(steps=40, evaluations=4, eval_prompts=None, eval_samples=None, algorithm_seeds=[3, 4])}
 # (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
 ROWS = [
     ("PPO", 5, ["--algo", "ppo"]),
@@ -52,6 +74,7 @@ ROWS = [
 SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Higher", "w/o Token-level Loss",
                  "w/o Positive Example LM Loss", "w/o Group-Sampling"}
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
+TIME_TO_LEARN = 0.20  # held-out avg@k gain (as a fraction) whose wall time is reported
 
 
 def slug(row: str) -> str:
@@ -60,10 +83,9 @@ def slug(row: str) -> str:
 
 
 def row_args(row: str, options: list[str], seed: int, out: str, common: list[str]) -> list[str]:
-    """The vapo.py options of one run: the demo preset, the seed, its folder, the sweep's common options, the
+    """The vapo.py options of one run: the seed, its folder, the sweep's common options (the preset first), the
     row's own switches, and for the rows that share it VAPO's pretrained critic of the same seed."""
-    args = ["--preset", "demo", "--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"),
-            *common, *options]
+    args = ["--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"), *common, *options]
     if row in SHARES_CRITIC:
         args += ["--value-model", os.path.join(out, f"vapo-s{seed}", "critic_pretrained"), "--no-value-pretraining"]
     return args
@@ -80,15 +102,33 @@ def run_row(job) -> float | None:
         while not (os.path.exists(os.path.join(vapo_dir, "critic_pretrained", "config.json"))
                    or os.path.exists(os.path.join(vapo_dir, "wall_seconds"))):
             time.sleep(5)
-    return demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
+    wall = demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
+    if demo_seeds.finished(run_dir):  # the previous checkpoint is only for a resume: 24 MB a run at --preset long
+        shutil.rmtree(os.path.join(run_dir, "checkpoint.prev"), ignore_errors=True)
+    return wall
+
+
+def jobs_in_order(chosen: list[str], seeds: list[int], algorithm_seeds: list[int]) -> list[tuple[str, int]]:
+    """(row, seed) in the order they run: the first tier (FIRST_TIER) over seeds, then the other rows, then the
+    algorithms' extra seeds; VAPO first within each seed's group (the shared critics come from its runs)."""
+    tiers = [([r for r in chosen if r in FIRST_TIER], seeds), ([r for r in chosen if r not in FIRST_TIER], seeds),
+             ([r for r in chosen if r in ALGORITHMS], [s for s in algorithm_seeds if s not in seeds])]
+    out = []
+    for rows, tier_seeds in tiers:
+        for s in tier_seeds:
+            out += [(r, s) for r in sorted(rows, key=lambda r: r != "VAPO")]
+    return out
+
+
+def read_records(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def curve(run_dir: str) -> list[tuple[int, float, float]]:
     """(generated samples, held-out avg@k, held-out greedy) at each evaluation of a run."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
     points, generated = [], 0
-    for r in records:
+    for r in read_records(run_dir):
         generated += r.get("samples_generated", 0)
         if "eval/acc_greedy" in r:
             k = next(key for key in r if key.startswith("eval/acc_avg@"))
@@ -96,15 +136,103 @@ def curve(run_dir: str) -> list[tuple[int, float, float]]:
     return points
 
 
-def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
+def long_band(record: dict, measure: str) -> float | None:
+    """The mean held-out accuracy (measure: "avg@4", "greedy") over the bands of 21 steps and more, the long
+    chains proper; None for a run without bands (the demo)."""
+    vals = [v for k, v in record.items() if k.startswith(f"eval/acc_{measure}_steps_") and
+            int(k.rsplit("_", 1)[1].split("-")[0]) > 20]
+    return statistics.mean(vals) if vals else None
+
+
+def run_figures(run_dir: str) -> dict:
+    """What one finished run shows, beyond demo_seeds.summarise_run: its means over RL steps (and over the first
+    and the last five) of what the techniques act on, its held-out accuracy by band (base and final), its curves
+    against generated samples, and the wall time at which it first gained TIME_TO_LEARN held-out (avg@k)."""
+    records = read_records(run_dir)
+    steps = [r for r in records if "train_acc" in r and "step" in r]
+    evals = [r for r in records if "eval/acc_greedy" in r]
+
+    def mean(key, rows):
+        xs = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+        return statistics.mean(xs) if xs else None
+
+    out = {k: mean(k, steps) for k in ("explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
+                                       "advantage_rest", "lam_policy", "clip_frac", "clip_frac_low",
+                                       "clip_frac_high", "approx_kl", "entropy", "response_len", "train_acc")}
+    for k in ("entropy", "response_len", "train_acc", "explained_variance"):
+        out[f"{k}_first5"], out[f"{k}_last5"] = mean(k, steps[:5]), mean(k, steps[-5:])
+    k = next(key for key in evals[0] if key.startswith("eval/acc_avg@")).removeprefix("eval/acc_")
+    bands = sorted({key.rsplit("_", 1)[1] for key in evals[0] if key.startswith(f"eval/acc_{k}_steps_")},
+                   key=lambda b: int(b.split("-")[0]))
+    out["bands"] = {b: {m: (evals[0][f"eval/acc_{m}_steps_{b}"], evals[-1][f"eval/acc_{m}_steps_{b}"])
+                        for m in (k, "greedy")} for b in bands}
+    out["long_chains"] = {m: (long_band(evals[0], m), long_band(evals[-1], m)) for m in (k, "greedy")}
+    generated, length_curve, eval_curve, step_ids = 0, [], [], {id(r) for r in steps}
+    for r in records:
+        generated += r.get("samples_generated", 0)
+        if id(r) in step_ids:
+            length_curve.append((generated, r["response_len"]))
+        if "eval/acc_greedy" in r:
+            eval_curve.append({"samples": generated, "seconds": r["time/elapsed"], k: r[f"eval/acc_{k}"],
+                               "greedy": r["eval/acc_greedy"], "long_" + k: long_band(r, k),
+                               "length_greedy": r["eval/response_len_greedy"]})
+    out["length_curve"], out["eval_curve"] = length_curve, eval_curve
+    gained = [e for e in eval_curve if e[k] - eval_curve[0][k] >= TIME_TO_LEARN]
+    out["seconds_to_gain"] = gained[0]["seconds"] if gained else None
+    return out
+
+
+def critic_figures(run_dir: str, responses) -> dict | None:
+    """The run's final critic judged on the fixed responses (bench/critic_bias.bias_table under the run's own
+    lambda): bias and explained variance by fifth, the advantage on the first tenth and the rest, the credit at
+    the decisive tokens; cached in run_dir/diagnostics.json. None for a run without a critic (GRPO, DAPO)."""
+    folder = os.path.join(run_dir, "checkpoint", "critic")
+    cache = os.path.join(run_dir, "diagnostics.json")
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        return None
+    if os.path.exists(cache):
+        with open(cache) as fh:
+            return json.load(fh)
+    with open(os.path.join(run_dir, "config.json")) as fh:
+        cfg = json.load(fh)
+    figures = judge_critic(folder, responses, cfg)
+    with open(cache, "w") as fh:
+        json.dump(figures, fh, indent=1)
+    return figures
+
+
+def judge_critic(folder: str, responses, cfg: dict) -> dict:
+    """bench/critic_bias.bias_table of the critic in folder on `responses` (critic_bias.sample_set's), with the
+    figures under the run's lambda (cfg: a run's config.json) picked out."""
+    import torch
+    from models import load_value_model
+    from rollout import score_rollout
+    _, rollout, rewards, decisive = responses
+    critic = load_value_model(folder, dtype=torch.float32)
+    values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
+    lam = "adaptive" if cfg.get("length_adaptive", True) else str(cfg.get("lam_policy_fixed", 0.95))
+    table = critic_bias.bias_table(values, rewards, rollout.response_mask, cfg.get("alpha", 0.5), decisive,
+                                   lam_fixed=cfg.get("lam_policy_fixed", 0.95))
+    return {"lambda": lam, "explained_variance": table["explained_variance"],
+            "ev_by_fifth": [c["explained_variance"] for c in table["by_fifth"]],
+            "bias_by_fifth": [c["bias"] for c in table["by_fifth"]],
+            "advantage_first_tenth": table[f"advantage_first_tenth_lambda_{lam}"],
+            "advantage_rest": table[f"advantage_rest_lambda_{lam}"],
+            "credit": table[f"credit_lambda_{lam}"], "credit_td": table["credit_lambda_0 (TD error)"]}
+
+
+def summarise(row: str, paper: float, run_dirs: list[str], responses=None) -> dict:
+    """A row over its seeds: the means and spreads of the table, the diagnostics, and every seed's figures."""
     runs = [(d, demo_seeds.summarise_run(d)) for d in run_dirs]
     done = [(d, s) for d, s in runs if s is not None]
     out = {"row": row, "paper_aime24": paper, "seeds": len(done)}
     if not done:
         return out
 
-    def spread(key):
-        vals = [s[key] for _, s in done]
+    def spread(vals):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return None
         return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
     def auc(d):  # mean greedy accuracy over the sample budget (trapezoids), 0..1
@@ -112,148 +240,302 @@ def summarise(row: str, paper: float, run_dirs: list[str]) -> dict:
         area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, _, y0), (x1, _, y1) in zip(pts, pts[1:]))
         return area / max(pts[-1][0] - pts[0][0], 1)
 
-    def rl_mean(key, first=None):  # a run's mean of a logged figure over its RL steps (or its first ones)
-        vals = []
-        for d, _ in done:
-            with open(os.path.join(d, "metrics.jsonl")) as fh:
-                steps = [json.loads(line) for line in fh if '"train_acc"' in line and '"step"' in line]
-            xs = [r[key] for r in steps[:first] if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
-            if xs:
-                vals.append(statistics.mean(xs))
-        return statistics.mean(vals) if vals else None
-
-    out["diagnostics"] = {"ev_first5": rl_mean("explained_variance", 5), "ev": rl_mean("explained_variance"),
-                          "lam_policy": rl_mean("lam_policy"), "clip_frac": rl_mean("clip_frac"),
-                          "clip_frac_high": rl_mean("clip_frac_high"), "approx_kl": rl_mean("approx_kl"),
-                          "entropy": rl_mean("entropy"), "response_len": rl_mean("response_len"),
-                          "train_acc_first5": rl_mean("train_acc", 5), "train_acc": rl_mean("train_acc")}
-    out.update({"avg_final": spread("avg_final"), "greedy_final": spread("greedy_final"),
-                "greedy_gain": spread("greedy_gain"), "len_ratio": spread("len_ratio"),
-                "greedy_auc": statistics.mean(auc(d) for d, _ in done),
-                "greedy_auc_std": statistics.stdev([auc(d) for d, _ in done]) if len(done) > 1 else 0.0,
+    figures = {d: run_figures(d) for d, _ in done}
+    critics = {d: critic_figures(d, responses) for d, _ in done} if responses is not None else {}
+    out["per_seed"] = [{"run": os.path.basename(d), **s, "greedy_auc": auc(d), **figures[d],
+                        "critic_after_rl": critics.get(d)} for d, s in done]
+    keys = ["explained_variance_first5", "explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
+            "advantage_rest", "lam_policy", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy_first5",
+            "entropy_last5", "response_len_first5", "response_len_last5", "train_acc_first5", "train_acc_last5"]
+    out["diagnostics"] = {key: spread([figures[d][key] for d, _ in done]) for key in keys}
+    k = done[0][1]["k"]
+    long_gain = [None if f["long_chains"][k][0] is None else f["long_chains"][k][1] - f["long_chains"][k][0]
+                 for f in figures.values()]
+    short = [f["bands"]["1-10"][k] for f in figures.values() if "1-10" in f["bands"]]
+    out["diagnostics"] |= {"short_gain": spread([b - a for a, b in short]), "long_gain": spread(long_gain)}
+    judged = [c for c in critics.values() if c is not None]
+    if judged:
+        out["critic_after_rl"] = {key: spread([c[key] for c in judged]) for key in (
+            "explained_variance", "advantage_first_tenth", "advantage_rest", "credit", "credit_td")}
+        out["critic_after_rl"]["ev_by_fifth"] = [statistics.mean(c["ev_by_fifth"][i] for c in judged)
+                                                 for i in range(5)]
+    out.update({"avg_final": spread([s["avg_final"] for _, s in done]),
+                "avg_gain": spread([s["avg_gain"] for _, s in done]),
+                "greedy_final": spread([s["greedy_final"] for _, s in done]),
+                "greedy_gain": spread([s["greedy_gain"] for _, s in done]),
+                "len_ratio": spread([s["len_ratio"] for _, s in done]),
+                "greedy_auc": spread([auc(d) for d, _ in done]),
                 "samples": statistics.mean(curve(d)[-1][0] for d, _ in done),
+                "seconds_to_gain": [figures[d]["seconds_to_gain"] for d, _ in done],
                 "collapsed": sum(s["len_ratio"] < COLLAPSE_LENGTH or s["avg_gain"] < 0 or s["greedy_gain"] < 0
                                  for _, s in done)})
     return out
 
 
+def pm(m, scale: float = 100, fmt: str = ".1f") -> str:
+    """A (mean, std) pair as "mean +- std" (times scale); "-" for none."""
+    return "-" if m is None else f"{scale * m[0]:{fmt}} +- {scale * m[1]:{fmt}}"
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table of the summarised rows, the paper's figure beside each."""
-    lines = ["| row | paper (AIME24 avg@32) | held-out avg@k, final | greedy, final | greedy, mean over the budget | "
-             "length / base | samples | collapsed |", "|---|---|---|---|---|---|---|---|"]
-    pm = lambda m: f"{100 * m[0]:.1f} +- {100 * m[1]:.1f}"  # noqa: E731
+    lines = ["| row | paper (AIME24 avg@32) | seeds | held-out avg@k, final | gain | greedy, final | gain | "
+             "greedy, mean over the budget | length / base | samples | collapsed |", "|---|" + "---|" * 10]
     for r in rows:
         if "avg_final" not in r:
-            lines.append(f"| {r['row']} | {r['paper_aime24']} | not run | | | | | |")
+            lines.append(f"| {r['row']} | {r['paper_aime24']} | 0 | not run |" + " |" * 7)
             continue
-        lines.append(f"| {r['row']} | {r['paper_aime24']} | {pm(r['avg_final'])} | {pm(r['greedy_final'])} | "
-                     f"{100 * r['greedy_auc']:.1f} +- {100 * r['greedy_auc_std']:.1f} | {r['len_ratio'][0]:.2f} | "
-                     f"{r['samples']:.0f} | "
+        lines.append(f"| {r['row']} | {r['paper_aime24']} | {r['seeds']} | {pm(r['avg_final'])} | "
+                     f"{pm(r['avg_gain'])} | {pm(r['greedy_final'])} | {pm(r['greedy_gain'])} | "
+                     f"{pm(r['greedy_auc'])} | {pm(r['len_ratio'], 1, '.2f')} | {r['samples']:.0f} | "
                      f"{r['collapsed']} of {r['seeds']} |")
     return "\n".join(lines)
 
 
+DIAGNOSTICS = [  # (key, header, scale, format)
+    ("explained_variance_first5", "EV, first 5 steps", 1, ".2f"), ("explained_variance", "EV", 1, ".2f"),
+    ("ev_first_tenth", "EV, first tenth", 1, ".2f"), ("ev_rest", "EV, rest", 1, ".2f"),
+    ("advantage_first_tenth", "raw A, first tenth", 1, ".3f"), ("advantage_rest", "raw A, rest", 1, ".3f"),
+    ("lam_policy", "lambda_policy", 1, ".3f"), ("clip_frac_low", "clipped low (%)", 100, ".2f"),
+    ("clip_frac_high", "clipped high (%)", 100, ".2f"), ("entropy_first5", "entropy, first 5", 1, ".3f"),
+    ("entropy_last5", "entropy, last 5", 1, ".3f"), ("response_len_first5", "length, first 5", 1, ".0f"),
+    ("response_len_last5", "length, last 5", 1, ".0f"), ("short_gain", "held-out 1-10 steps, gain", 100, ".1f"),
+    ("long_gain", "held-out 21-40 steps, gain", 100, ".1f")]
+
+
 def diagnostics_table(rows: list[dict]) -> str:
-    """What the techniques act on, per row (means over seeds of each run's mean over its RL steps): the critic's
-    explained variance (first 5 steps and all), lambda_policy, the clipped share of tokens (all, and at the upper
-    bound that clip-higher moves), approx KL, entropy, response length, training accuracy (first 5 steps, all)."""
-    keys = ["ev_first5", "ev", "lam_policy", "clip_frac", "clip_frac_high", "approx_kl", "entropy", "response_len",
-            "train_acc_first5", "train_acc"]
-    lines = ["| row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    """What the techniques act on, per row (mean +- std over seeds of each run's mean over its RL steps, or its
+    first / last 5 steps): the critic's explained variance (all tokens, the first tenth of each response, the
+    rest), the raw advantage on the first tenth and the rest, lambda_policy, the clipped share of tokens at each
+    bound, entropy and response length early and late, the held-out avg@k gain on short and on long chains."""
+    lines = ["| row | " + " | ".join(h for _, h, _, _ in DIAGNOSTICS) + " |", "|---|" + "---|" * len(DIAGNOSTICS)]
     for r in rows:
         d = r.get("diagnostics")
-        if d is None:
-            continue
-        cell = lambda v: "-" if v is None else (f"{v:.2e}" if abs(v) < 1e-2 and v != 0 else f"{v:.3f}")  # noqa: E731
-        lines.append(f"| {r['row']} | " + " | ".join(cell(d[k]) for k in keys) + " |")
+        if d is not None:
+            lines.append(f"| {r['row']} | " + " | ".join(pm(d[k], sc, f) for k, _, sc, f in DIAGNOSTICS) + " |")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], out: str, seeds: list[int], folder: str) -> None:
-    """ablation.png: held-out avg@k and greedy against generated samples, mean line and min-max band per row."""
+def critic_table(rows: list[dict], start: dict | None) -> str:
+    """Each row's final critic on the fixed responses (and the critics it started from): explained variance,
+    overall and by fifth of the response, the raw advantage on the first tenth and the rest under the row's
+    lambda, and the credit at the decisive tokens (1 = spread evenly) of its advantages and of its TD errors."""
+    lines = ["| critic | EV | EV by fifth | raw A, first tenth | raw A, rest | credit at decisive tokens | "
+             "credit, TD errors |", "|---|---|---|---|---|---|---|"]
+    for name, c in (start or {}).items():
+        lines.append(f"| {name} | {c['explained_variance']:.2f} | " + " / ".join(f"{x:.2f}" for x in c["ev_by_fifth"])
+                     + f" | {c['advantage_first_tenth']:.3f} | {c['advantage_rest']:.3f} | {c['credit']:.2f} | "
+                     f"{c['credit_td']:.2f} |")
+    for r in rows:
+        c = r.get("critic_after_rl")
+        if c is not None:
+            lines.append(f"| {r['row']}, after RL | {pm(c['explained_variance'], 1, '.2f')} | "
+                         + " / ".join(f"{x:.2f}" for x in c["ev_by_fifth"]) +
+                         f" | {pm(c['advantage_first_tenth'], 1, '.3f')} | {pm(c['advantage_rest'], 1, '.3f')} | "
+                         f"{pm(c['credit'], 1, '.2f')} | {pm(c['credit_td'], 1, '.2f')} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: str) -> None:
+    """ablation.png: held-out avg@k, greedy and (with bands) avg@k on the long chains against generated samples,
+    and the training responses' length; mean line and min-max band over seeds per row."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    for i, r in enumerate(rows):
-        dirs = [os.path.join(folder, f"{slug(r['row'])}-s{s}") for s in seeds]
-        curves = [curve(d) for d in dirs if demo_seeds.finished(d)]
-        if not curves:
+    seeds_of = [r.get("per_seed", []) for r in rows]
+    k = next((p["k"] for ps in seeds_of for p in ps), "avg@k")
+    banded = any(e.get(f"long_{k}") is not None for ps in seeds_of for p in ps for e in p["eval_curve"])
+    panels = [(k, f"held-out {k}"), ("greedy", "held-out greedy")] + (
+        [(f"long_{k}", f"held-out {k}, chains of 21-40 steps")] if banded else []) + [("length", "training responses: "
+                                                                                       "mean length (tokens)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6))
+    for i, (r, per_seed) in enumerate(zip(rows, seeds_of)):
+        if not per_seed:
             continue
-        n = min(len(c) for c in curves)
-        xs = [statistics.mean(c[j][0] for c in curves) for j in range(n)]
-        for ax, col in zip(axes, (1, 2)):
-            ys = [[c[j][col] for c in curves] for j in range(n)]
-            style = "-" if i < 4 else "--"
-            ax.plot(xs, [statistics.mean(y) for y in ys], style, color=f"C{i % 10}", label=r["row"])
-            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=f"C{i % 10}", alpha=0.12)
-    for ax, title in zip(axes, ("held-out avg@k", "held-out greedy")):
-        ax.set(title=title, xlabel="generated samples", ylim=(0, 1.02))
-    axes[1].legend(fontsize=7)
+        colour, style = f"C{i % 10}", "-" if r["row"] in ALGORITHMS else "--"
+        for ax, (key, _) in zip(axes, panels):
+            if key == "length":
+                n = min(len(p["length_curve"]) for p in per_seed)
+                xs = [statistics.mean(p["length_curve"][j][0] for p in per_seed) for j in range(n)]
+                ys = [[p["length_curve"][j][1] for p in per_seed] for j in range(n)]
+            else:
+                n = min(len(p["eval_curve"]) for p in per_seed)
+                xs = [statistics.mean(p["eval_curve"][j]["samples"] for p in per_seed) for j in range(n)]
+                ys = [[p["eval_curve"][j][key] for p in per_seed] for j in range(n)]
+            ax.plot(xs, [statistics.mean(y) for y in ys], style, color=colour, marker=None if key == "length" else
+                    "o", ms=3, label=f"{r['row']} ({len(per_seed)})")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=colour, alpha=0.1)
+    for ax, (key, title) in zip(axes, panels):
+        ax.set(title=title, xlabel="generated samples")
+        if key != "length":
+            ax.set_ylim(0, 1.02)
+    axes[-1].legend(fontsize=7, title="row (seeds)", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
 
 
+VIEWS = (("VAPO", "adv_adaptive"), ("PPO", "adv_0.95"), ("GRPO", "adv_group"))  # the rows drawn side by side
+
+
+def views_side_by_side(folder: str, seed: int, out: str) -> str | None:
+    """One probe response (the longest wrong one recorded) at the last evaluation of VAPO, PPO and GRPO of one
+    seed, side by side (plots.compare_figure), the decisive tokens (task.borrow_digits) marked; each run with its
+    own advantage. The runs share their probes: sampled from the same base model with the seed's probe seed.
+    None (nothing drawn) unless all three runs have their views."""
+    import plots
+    import task
+    columns = []
+    for row, adv in VIEWS:
+        records = plots.read_tokens(os.path.join(folder, f"{slug(row)}-s{seed}"))
+        if not records:
+            return None
+        columns.append((row, records[-1], adv))
+    recorded = [i for i, p in enumerate(columns[0][1]["probes"]) if "tokens" in p]
+    wrong = [i for i in recorded if columns[0][1]["probes"][i]["reward"] < 0] or recorded
+    pick = max(wrong, key=lambda i: columns[0][1]["probes"][i]["length"])
+    probe = columns[0][1]["probes"][pick]
+    if any(rec["probes"][pick].get("tokens") != probe["tokens"] for _, rec, _ in columns):
+        print(f"views: the runs of seed {seed} do not share their probes (other base models or lengths): not drawn")
+        return None
+    ends = [len("".join(probe["pieces"][:t + 1])) for t in range(probe["length"])]
+    marks = [sum(e <= c for e in ends) for c in task.borrow_digits("".join(probe["pieces"]))]
+    plots.compare_figure([(f"{row} seed {seed}", rec, rec["probes"][pick], adv) for row, rec, adv in columns], out,
+                         marks)
+    return out
+
+
+def time_to_learn(rows: list[dict]) -> str:
+    """Wall time (time/elapsed: value pretraining and evaluations included, one thread) to the first evaluation
+    TIME_TO_LEARN above the base on held-out avg@k, per seed, for the rows that reached it; and, for VAPO and
+    GRPO, the largest gain both reach in the median over seeds, and their median time to reach it."""
+    lines = []
+    for r in rows:
+        ts = r.get("seconds_to_gain")
+        if ts:
+            got = [t for t in ts if t is not None]
+            lines.append(f"- {r['row']}: +{100 * TIME_TO_LEARN:.0f} points reached in {len(got)} of {len(ts)} "
+                         f"seeds" + (f", median {statistics.median(got):.0f} s" if got else ""))
+    pair = {r["row"]: r for r in rows if r["row"] in ("VAPO", "GRPO") and r.get("per_seed")}
+    if len(pair) == 2:
+        k = pair["VAPO"]["per_seed"][0]["k"]
+
+        def best(r):  # the median over seeds of each seed's largest gain
+            return statistics.median(max(e[k] for e in p["eval_curve"]) - p["eval_curve"][0][k]
+                                     for p in r["per_seed"])
+
+        common = min(best(pair["VAPO"]), best(pair["GRPO"]))
+        if common <= 0:
+            return "\n".join(lines + ["- VAPO and GRPO have no common gain (one of them gains nothing in the median)"])
+        for name, r in pair.items():
+            times = [next((e["seconds"] for e in p["eval_curve"] if e[k] - p["eval_curve"][0][k] >= common), None)
+                     for p in r["per_seed"]]
+            got = [t for t in times if t is not None]
+            lines.append(f"- largest common gain of VAPO and GRPO (medians over seeds): +{100 * common:.1f} points; "
+                         f"{name} reaches it in {len(got)} of {len(times)} seeds"
+                         + (f", median {statistics.median(got):.0f} s" if got else ""))
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="demo", choices=sorted(SWEEPS), help="the regime (vapo.py's preset)")
     ap.add_argument("--rows", nargs="+", default=[r for r, _, _ in ROWS], help="rows to run (default: all)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=24, help="RL steps of a row without dynamic sampling (the budget "
-                    "is STEPS x the demo's 128 samples per step)")
-    ap.add_argument("--base", default="shipped", help="base model: shipped, seedN or weak (built into the cache "
-                    "first, minutes; see bench/demo_seeds.py) or a folder")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every row")
+    ap.add_argument("--algorithm-seeds", type=int, nargs="*", default=None, help="more seeds of the four "
+                    "algorithms, run last (default: long 3 4, demo none)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps of a row without dynamic sampling (the budget "
+                    "is STEPS x the preset's samples per step; default: demo 24, long 40)")
+    ap.add_argument("--base", default="shipped", help="base model (demo): shipped, seedN or weak (built into the "
+                    "cache first, minutes; see bench/demo_seeds.py) or a folder")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "ablation"))
+    ap.add_argument("--out", default=None, help="folder of the runs and reports (default: runs/ablation, or "
+                    "runs/ablation-long)")
     ap.add_argument("--quick", action="store_true", help="2 steps of every row, seed 0, tiny evaluations")
     args = ap.parse_args()
     unknown = set(args.rows) - {r for r, _, _ in ROWS}
     if unknown:
         raise SystemExit(f"--rows: unknown {sorted(unknown)}; the rows are {[r for r, _, _ in ROWS]}")
+    if args.base != "shipped" and args.preset != "demo":
+        raise SystemExit("--base: the demo's base models only; --preset long starts from its own (task.py)")
+    sweep = SWEEPS[args.preset]
+    args.out = args.out or os.path.join(demo_seeds.ROOT, "runs", "ablation" if args.preset == "demo" else
+                                        f"ablation-{args.preset}")
+    steps = args.steps or sweep["steps"]
+    algorithm_seeds = sweep["algorithm_seeds"] if args.algorithm_seeds is None else args.algorithm_seeds
+    per_step = PRESETS[args.preset]["prompts_per_step"] * PRESETS[args.preset]["samples_per_prompt"]
+    common = ["--preset", args.preset]
     if args.quick:
-        args.seeds, args.steps = [0], 2
-        common = ["--eval-every", "0", "--eval-prompts", "4", "--eval-samples", "1", "--value-pretrain-steps", "1",
-                  "--prompts-per-step", "2", "--samples-per-prompt", "4", "--mini-batch-size", "8",
-                  "--micro-batch-size", "8",
-                  "--max-new-tokens", "32", "--dynamic-sampling-rounds", "1"]
-        budget = args.steps * 2 * 4  # the quick runs' prompts x G
+        args.seeds, algorithm_seeds, steps, per_step = [0], [], 2, 2 * 4
+        held_out = "4" if args.preset == "demo" else "40"  # long: one prompt of each step count, every band
+        common += ["--eval-every-samples", "8", "--eval-prompts", held_out, "--eval-samples", "1",
+                   "--value-pretrain-steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "4",
+                   "--mini-batch-size", "8", "--micro-batch-size", "8", "--dynamic-sampling-rounds", "1",
+                   "--max-new-tokens", "32" if args.preset == "demo" else "48", "--eval-batch-size", held_out]
     else:
-        common = ["--eval-every", str(max(args.steps // 4, 1)), "--eval-prompts", "100", "--eval-samples", "2"]
-        budget = args.steps * PRESETS["demo"]["prompts_per_step"] * PRESETS["demo"]["samples_per_prompt"]
-    common += ["--steps", str(args.steps * 3), "--max-samples", str(budget), "--save-every", "0"]
+        common += ["--eval-every-samples", str(steps * per_step // sweep["evaluations"])]
+        common += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []
+        common += ["--eval-samples", str(sweep["eval_samples"])] if sweep["eval_samples"] else []
+    budget = steps * per_step
+    common += ["--steps", str(steps), "--max-samples", str(budget)]
+    common += ["--save-every", "0"] if args.preset == "demo" else []  # long: the preset's, so a kill loses little
     base = demo_seeds.resolve_base(args.base)
     demo_seeds.build_missing({args.base: base}, 1)
     if args.base != "shipped":
         common += ["--model", base]
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    print(f"machine: {demo_seeds.machine()}\ndate: {started}\nbase model: {args.base} ({base})\n"
+    print(f"machine: {demo_seeds.machine()}\ndate: {started}\npreset: {args.preset}; base model: {args.base}\n"
           f"budget: {budget} generated samples per run", flush=True)
     chosen = [(r, p, o) for r, p, o in ROWS if r in args.rows]
     if any(r in SHARES_CRITIC for r, _, _ in chosen) and "VAPO" not in args.rows:
         chosen = [ROWS[3]] + chosen  # the rows that share a critic need VAPO's runs
-    jobs = [(r, o, s, args.out, common) for s in args.seeds for r, _, o in chosen]
-    jobs.sort(key=lambda j: j[0] != "VAPO")  # VAPO first: the shared critics come from its runs
+    options = {r: o for r, _, o in chosen}
+    order = jobs_in_order([r for r, _, _ in chosen], args.seeds, algorithm_seeds)
+    print(f"{len(order)} runs, {args.jobs} at a time, one thread each, into {args.out}", flush=True)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        walls = list(pool.map(run_row, jobs))
+        walls = list(pool.map(run_row, [(r, options[r], s, args.out, common) for r, s in order]))
     ran = [w for w in walls if w is not None]
-    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in args.seeds]) for r, p, _ in chosen]
-    md = table(rows)
+    responses, start = None, None
+    if args.preset == "long":  # every critic judged on the same responses of the base model
+        responses = critic_bias.sample_set("builtin-long", prompts=4 if args.quick else 32, samples=8)
+        start = {"reward model (PPO's and w/o Value-Pretraining's start)": judge_critic(
+            critic_bias.folder_of("builtin-long-rm"), responses, {})}
+        for s in args.seeds:
+            folder = os.path.join(args.out, f"vapo-s{s}", "critic_pretrained")
+            if os.path.exists(os.path.join(folder, "config.json")):
+                start[f"after value pretraining (VAPO seed {s})"] = judge_critic(folder, responses, {})
+        mask = responses[1].response_mask
+        start_note = (f"{responses[1].B} responses of the base model (8 per held-out problem), "
+                      f"{100 * float(responses[3].sum() / mask.sum()):.1f}% of their tokens decisive; GRPO's group "
+                      f"advantage puts a credit of {critic_bias.group_credit(responses[2], mask, responses[3], 8):.2f} "
+                      f"on them")
+    seeds_of = {r: sorted({s for rr, s in order if rr == r}) for r, _, _ in chosen}
+    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses)
+            for r, p, _ in chosen]
     os.makedirs(args.out, exist_ok=True)
-    plot(rows, os.path.join(args.out, "ablation.png"), args.seeds, args.out)
+    plot(rows, os.path.join(args.out, "ablation.png"))
+    views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png")) if (
+        args.preset == "long") else None
     report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
               f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier\n"
-              f"base model: {args.base}\n"
-              f"seeds {args.seeds}; {budget} generated samples per run; mean +- std over seeds\n\n{md}\n\n"
-              f"diagnostics (means over seeds of each run's mean over its RL steps):\n\n{diagnostics_table(rows)}\n")
+              f"preset: {args.preset}; base model: {args.base}\n"
+              f"{budget} generated samples per run; mean +- std over seeds\n\n{table(rows)}\n\n"
+              f"diagnostics (mean +- std over seeds of each run's mean over its RL steps):\n\n"
+              f"{diagnostics_table(rows)}\n")
+    if responses is not None:
+        report += (f"\nthe critics on one fixed set of responses ({start_note}):\n\n{critic_table(rows, start)}\n")
+    report += f"\ntime to learn:\n{time_to_learn(rows)}\n"
+    if views:
+        report += f"\none probe response under VAPO, PPO and GRPO, side by side: {views}\n"
     print("\n" + report)
     with open(os.path.join(args.out, "ablation.md"), "w") as fh:
         fh.write(report)
     with open(os.path.join(args.out, "ablation.json"), "w") as fh:
-        json.dump({"machine": demo_seeds.machine(), "date": started, "base": args.base, "seeds": args.seeds,
-                   "budget": budget,
+        json.dump({"machine": demo_seeds.machine(), "date": started, "preset": args.preset, "base": args.base,
+                   "seeds": seeds_of, "budget": budget, "vapo_options": common, "critics_at_start": start,
                    "rows": rows}, fh, indent=1)
-    missing = [r["row"] for r in rows if r.get("seeds", 0) < len(args.seeds)]
+    missing = [r["row"] for r in rows if r.get("seeds", 0) < len(seeds_of[r["row"]])]
     if missing:
         raise SystemExit(f"rows that did not finish every seed: {missing} (see their stdout.log)")
 

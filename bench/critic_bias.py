@@ -8,8 +8,14 @@ given scores every response token. With gamma = 1 and one reward at the end, the
 token of a response is its reward, so the unbiased V(s_t) of the sampling policy averages to the mean reward of
 the responses that reach t. Printed per critic, by fifth of each response (relative position) and by absolute
 position: the mean V(s_t), the mean return, their difference (the bias), and the explained variance of the
-returns; then the mean raw advantage over a response's first tenth against the rest under lambda 0.95 (PPO's)
-and the length-adaptive lambda of --alpha: where a biased critic pushes the policy before any reward is seen.
+returns (over all tokens, and within each fifth); then the mean raw advantage over a response's first tenth
+against the rest under lambda 0.95 (PPO's) and the length-adaptive lambda of --alpha: where a biased critic
+pushes the policy before any reward is seen. Last, credit assignment: the share of the advantage's magnitude
+(sum of |A_t|) that sits on the decisive tokens (task.borrow_digits: the tens digit of every borrow step, where a
+sample keeps or forgets the borrow), divided by those tokens' share of all tokens: 1 is no concentration (GRPO's
+group advantage, the same on every token of a response, is printed as the reference), above 1 is a critic that
+puts the credit where the outcome was decided; also for the one-step TD errors (lambda 0), the critic's own
+localisation.
 
 Critics: "builtin-long-rm" (the shipped outcome reward model), "zero" (the policy's backbone, a zero head: what
 a critic starts as without --value-model), or a folder (a run's critic_pretrained/, after value pretraining).
@@ -28,8 +34,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import task  # noqa: E402
-from gae import gae, length_adaptive_lambda, terminal_rewards  # noqa: E402
-from losses import explained_variance  # noqa: E402
+from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards  # noqa: E402
+from losses import explained_variance, head_mask  # noqa: E402
 from models import load_policy, load_value_model, value_model_from_policy  # noqa: E402
 from rollout import HFEngine, score_rollout  # noqa: E402
 
@@ -41,8 +47,42 @@ def folder_of(name: str) -> str:
     return task.shipped_model(name) if name in task.BUILTIN_MODELS else name
 
 
-def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float) -> dict:
-    """values, mask [B, T], rewards [B] -> the figures the module docstring lists."""
+def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 2, seed: int = 0):
+    """The responses every critic is judged on: `samples` per held-out long-chain problem from `policy` at
+    temperature 1 (a fixed seed). Returns (rollout, rewards [B] of +1 / -1, decisive [B, T] bool: the tokens
+    task.borrow_digits names)."""
+    torch.manual_seed(seed)
+    model, tokenizer = load_policy(folder_of(policy), dtype=torch.float32)
+    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=64)
+    with torch.no_grad():
+        rollout = engine.generate([p["prompt"] for p in problems], n=samples, seed=seed)
+    golds = [problems[int(i)]["answer"] for i in rollout.prompt_index]
+    rewards = torch.tensor([1.0 if task.is_correct(t, g) else -1.0 for t, g in zip(rollout.texts, golds)])
+    decisive = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
+    for b in range(rollout.B):
+        pieces = [len(tokenizer.decode([i])) for i in rollout.response_ids[b, :rollout.lengths[b]]]
+        ends = torch.tensor(pieces).cumsum(0)  # [n] the character offset where each token's text ends
+        for char in task.borrow_digits(rollout.texts[b]):  # the token whose text covers that character
+            decisive[b, int((ends <= char).sum())] = True
+    return model, rollout, rewards, decisive
+
+
+def credit(advantages: torch.Tensor, mask: torch.Tensor, decisive: torch.Tensor) -> float:
+    """(share of sum |A_t| on the decisive tokens) / (their share of the tokens): 1 = spread evenly."""
+    weight = advantages.abs() * mask
+    return float((weight[decisive].sum() / weight.sum().clamp(min=1e-12)) / (decisive.sum() / mask.sum()))
+
+
+def group_credit(rewards: torch.Tensor, mask: torch.Tensor, decisive: torch.Tensor, group_size: int) -> float:
+    """credit() of GRPO's group advantage on the same responses (consecutive groups of group_size)."""
+    return credit(group_advantage(rewards, mask, group_size), mask, decisive)
+
+
+def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float,
+               decisive: torch.Tensor | None = None, lam_fixed: float = 0.95) -> dict:
+    """values, mask [B, T], rewards [B] (decisive [B, T] bool, for the credit figures) -> the figures the module
+    docstring lists; lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95)."""
     B, T = mask.shape
     lengths = mask.sum(-1)  # [B]
     returns = rewards[:, None].expand(B, T) * mask  # [B, T], gamma = 1: every token's return is the reward
@@ -52,19 +92,24 @@ def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, 
     out = {"by_fifth": [], "by_position": []}
     for k in range(FIFTHS):
         pick = real & (rel >= k / FIFTHS) & (rel < (k + 1) / FIFTHS)
-        out["by_fifth"].append(_cell(f"{20 * k}-{20 * (k + 1)}%", values, returns, pick))
+        out["by_fifth"].append(_cell(f"{20 * k}-{20 * (k + 1)}%", values, returns, pick)
+                               | {"explained_variance": explained_variance(values, returns, pick)})
     for lo, hi in zip(ABSOLUTE, ABSOLUTE[1:]):
         pick = real & (pos >= lo) & (pos < hi)
         if pick.any():
             out["by_position"].append(_cell(f"{lo}-{hi - 1}", values, returns, pick))
     out["explained_variance"] = explained_variance(values, returns, mask)
     terminal = terminal_rewards(rewards, mask)
-    first = real & (rel < 0.1)
-    for name, lam in (("0.95", torch.full((B,), 0.95)), (f"adaptive (alpha {alpha})",
-                                                           length_adaptive_lambda(lengths, alpha))):
+    first = head_mask(mask).bool()
+    for name, lam in ((f"{lam_fixed}", torch.full((B,), lam_fixed)), ("adaptive", length_adaptive_lambda(lengths,
+                                                                                                         alpha)),
+                      ("0 (TD error)", torch.zeros(B))):
         adv = gae(terminal, values, mask, lam=lam)[0]  # [B, T]
-        out[f"advantage_first_tenth_lambda_{name}"] = float(adv[first].mean())
-        out[f"advantage_rest_lambda_{name}"] = float(adv[real & ~first].mean())
+        if not name.startswith("0 "):
+            out[f"advantage_first_tenth_lambda_{name}"] = float(adv[first].mean())
+            out[f"advantage_rest_lambda_{name}"] = float(adv[real & ~first].mean())
+        if decisive is not None and decisive.any():
+            out[f"credit_lambda_{name}"] = credit(adv, mask, decisive)
     return out
 
 
@@ -84,14 +129,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args(argv)
-    torch.manual_seed(args.seed)
-    policy, tokenizer = load_policy(folder_of(args.policy), dtype=torch.float32)
-    problems = task.make_dataset(args.prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
-    engine = HFEngine(policy, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=64)
-    with torch.no_grad():
-        rollout = engine.generate([p["prompt"] for p in problems], n=args.samples, seed=args.seed)
-    golds = [problems[int(i)]["answer"] for i in rollout.prompt_index]
-    rewards = torch.tensor([1.0 if task.is_correct(t, g) else -1.0 for t, g in zip(rollout.texts, golds)])
+    policy, rollout, rewards, decisive = sample_set(args.policy, args.prompts, args.samples, args.seed)
     mask = rollout.response_mask
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "policy": args.policy, "responses": rollout.B,
@@ -103,7 +141,7 @@ def main(argv=None):
         critic = value_model_from_policy(policy) if name == "zero" else load_value_model(folder_of(name),
                                                                                          dtype=torch.float32)
         values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
-        table = bias_table(values, rewards, mask, args.alpha)
+        table = bias_table(values, rewards, mask, args.alpha, decisive)
         name = name if name in ("zero", *task.BUILTIN_MODELS) else "/".join(name.rstrip("/").split("/")[-2:])
         result["critics"][name] = table  # a folder by its last two parts: RUN/critic_pretrained
         print(f"\n{name}: explained variance {table['explained_variance']:+.3f}")
@@ -111,8 +149,12 @@ def main(argv=None):
         for cell in table["by_fifth"] + table["by_position"]:
             print(f"  {cell['where']:<12}{cell['tokens']:>8}{cell['mean_value']:>+9.3f}{cell['mean_return']:>+9.3f}"
                   f"{cell['bias']:>+9.3f}")
-        for key in [k for k in table if k.startswith("advantage_")]:
+        for key in [k for k in table if k.startswith(("advantage_", "credit_"))]:
             print(f"  {key}: {table[key]:+.4f}")
+    if args.samples >= 2:
+        result["credit_group_advantage"] = group_credit(rewards, mask, decisive, args.samples)
+        print(f"\nGRPO's group advantage (groups of {args.samples}): credit {result['credit_group_advantage']:.4f}")
+    result["decisive_token_share"] = float(decisive.sum() / mask.sum())
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

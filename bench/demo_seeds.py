@@ -128,11 +128,29 @@ def run_one(job: tuple[str, str, int, str, list[str]]) -> float | None:
     return run_vapo(f"{base_name} seed {seed}", cmd, run_dir)
 
 
+RUNNING = "running.pid"  # in a run folder while a process runs it: the vapo.py process's id
+
+
+def running(run_dir: str) -> int | None:
+    """The id of a live process that runs run_dir now (its RUNNING file), else None."""
+    try:
+        with open(os.path.join(run_dir, RUNNING)) as fh:
+            pid = int(fh.read())
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
 def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
     """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
-    holds a finished run (then None); an interrupted run (its config.json there) is resumed instead. Returns the
-    wall time in seconds, also written to run_dir/wall_seconds."""
+    holds a finished run, or a live process of another invocation runs it (then None); an interrupted run (its
+    config.json there) is resumed instead. Returns the wall time in seconds, also written to run_dir/wall_seconds."""
     if finished(run_dir):
+        return None
+    owner = running(run_dir)
+    if owner is not None:  # another sweep's process is running it now: left to that one
+        print(f"  {label}: being run by process {owner} (another invocation), skipped here", flush=True)
         return None
     cmd = [sys.executable, "vapo.py", *args]
     if os.path.exists(os.path.join(run_dir, "config.json")):
@@ -140,7 +158,11 @@ def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "stdout.log"), "a") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT)
+        with open(os.path.join(run_dir, RUNNING), "w") as fh:
+            fh.write(f"{proc.pid}\n")
+        proc.wait()
+    os.remove(os.path.join(run_dir, RUNNING))
     wall = time.perf_counter() - t0
     status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {run_dir}/stdout.log)"
     print(f"  {label}: {status} in {wall:.0f} s", flush=True)

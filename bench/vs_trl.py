@@ -3,6 +3,12 @@
     python bench/vs_trl.py                                   # 3 repetitions of TRL, grpo, vapo, interleaved
     python bench/vs_trl.py --repeats 5 --steps 6 --threads 1
     python bench/vs_trl.py --contenders grpo vapo --tiny --repeats 1 --steps 1    # without TRL (the test)
+    python bench/vs_trl.py --learn --preset long --out runs/trl-long --threads 1  # time to learn (TRL alone)
+    python bench/vs_trl.py --learn --tiny --out runs/trl-tiny --overwrite         # a check that it runs
+
+Two modes: the default times a step (per-rollout cost, TRL and ours side by side, below); `--learn` measures the
+wall time for TRL's GRPOTrainer to reach held-out accuracy gains in the long-chain regime, as bench/ablation.py
+measures ours (see "Time to learn" at the end).
 
 TRL is a benchmark dependency only (not in requirements.txt). Install it into a virtual environment of its own,
 so the project's stays as CI has it, and run this script from there (it runs `vapo.py` with the same interpreter,
@@ -17,8 +23,8 @@ stops, unless `--contenders` leaves it out.
 Contenders, each one run = one fresh process, `--steps` timed rollouts after one untimed warm-up rollout:
 - `trl`: `trl.GRPOTrainer` on the CPU (`GRPOConfig(use_cpu=True, bf16=False, gradient_checkpointing=False,
   beta=0.0, loss_type="dapo")`: no reference model, the token-level loss), a Python reward function that calls
-  this project's own verifier (`reward.score_batch(..., verifier=reward.arith_reward)`, what vapo.py's reward
-  phase calls for the built-in task), generation by `model.generate` (TRL's path without vLLM);
+  this project's own verifier (`run.verifier_for(cfg).score`, what vapo.py's reward phase calls for the built-in
+  task: `reward.arith_reward` in this process), generation by `model.generate` (TRL's path without vLLM);
 - `grpo`: `python vapo.py --algo grpo` (the demo preset; no critic);
 - `vapo`: `python vapo.py --algo vapo --no-value-pretraining` (the demo preset; the critic is scored and trained
   in every step; value pretraining, a one-off of at most 30 critic-only steps before the RL phase, is left out
@@ -56,11 +62,62 @@ and TRL's own profiling blocks (transformers.generate, the reward function, _pre
 reward + scoring, compute_loss = the training forward passes and the loss; the rest of the rollout's time,
 backward passes, optimizer steps and the trainer's bookkeeping, as "backward, optimizer, other").
 Prints the machine, the date and a markdown table; writes every raw timing to --out (JSON).
+
+Time to learn (`--learn`, default `--preset long`): one TRL GRPOTrainer run, in this process, on the budget and
+evaluation schedule of `bench/ablation.py --preset P` (its SWEEPS: for long, 40 rollouts of 8 prompts x 8 samples
+= 2,560 generated samples, evaluated at 0, 640, 1,280, 1,920 and 2,560), so that its curve of held-out accuracy
+against wall time sits beside the sweep's rows (ours are not run here: they come from the sweep's run folders).
+Writes into --out (a folder; an earlier run there is replaced only with --overwrite):
+- metrics.jsonl, in vapo.py's format, so that one reader serves both (bench/ablation.py's curve and run_figures
+  read it as they read a run folder): one record per rollout, {"step": rollout number, "samples_generated": 64,
+  "train_acc", "reward_mean", "response_len" (tokens, EOS included), "time/step", "time/elapsed"}, and one per
+  evaluation, {"step": rollouts done, "eval/acc_avg@4", "eval/acc_greedy", "eval/response_len_*",
+  "eval/acc_{avg@4,greedy}_steps_{1-10,...}" (vapo.evaluate's figures, by band), "samples_generated_total",
+  "time/elapsed"}. samples_generated_total is the sum of the rollout records' samples_generated so far (another
+  name, so a reader that sums samples_generated over all records counts each sample once);
+- config.json: "steps" (rollouts) and "max_samples" (the budget) as vapo.py's config has them, the shapes, the
+  evaluation's options, and TRL's GRPOConfig as it ran; trl_log_history.json: TRL's own logged metrics;
+- learn.json: the machine, the date, the versions, the evaluations, and per gain of --gains (held-out avg@k above
+  the base model's, as bench/ablation.py's TIME_TO_LEARN) the first evaluation that reached it: its generated
+  samples and time/elapsed, or null.
+
+What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
+--eval-every-samples 640`):
+- the base model (task.shipped_model(cfg.model), float32), the training rows and their order (data.load_data and
+  data.prompt_batch, as vapo.py draws them for --seed: the reward function checks every rollout's prompts);
+- the shapes: P prompts x G samples per rollout, at most max_new_tokens new tokens, temperature and top_p of the
+  preset (long: 8 x 8, 448, 1.0, 1.0), mini-batches of 32 in micro-batches of 8, so 2 optimizer steps a rollout
+  (per_device_train_batch_size=8, gradient_accumulation_steps=4, steps_per_generation=8);
+- the optimizer and its schedule: vapo.make_optimizer's torch AdamW with the preset's actor lr (long: 1.5e-4),
+  weight decay 0 and linear warmup over warmup_steps (long: 5) optimizer steps from lr/5, passed to the trainer
+  as optimizers= (TRL's own constant_with_warmup would start at lr 0); gradient clipping at max_grad_norm (1.0);
+- the reward: this project's verifier (run.verifier_for), +1 / -1, no overlong shaping;
+- the evaluation: vapo.evaluate(engine, held_out, cfg, verifier) with the engine vapo.py makes
+  (rollout.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
+  preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: 80 prompts, avg@4
+  at temperature 1.0 and top-p 1.0, greedy, one pass of 80) and its fixed sampling seed: at 0 samples the figures
+  are those of the sweep's runs of the same seed, bit for bit on the same machine;
+- the clock: time/elapsed starts when training starts (TrainerCallback.on_train_begin, the model loaded and the
+  trainer built, as vapo.py's clock starts once its inputs are loaded) and holds the evaluations, as vapo.py's.
+
+What differs (TRL's algorithm and sampler are its own):
+- TRL's GRPO: the group advantage (r - mean) / (std + 1e-4) (ours: + 1e-6; both the unbiased std), beta = 0
+  (no KL term, no reference model, as ours), the symmetric clip epsilon = eps_low (0.2), no advantage whitening;
+  `--loss-type` (default "dapo": per-token losses summed over the optimizer step's micro-batches and divided by
+  half the rollout's tokens, where ours token-level divides by the mini-batch's own tokens; "grpo": the mean per
+  sample first, like our GRPO row's sample-level loss; compare with the sweep's GRPO, DAPO and VAPO rows knowing
+  that DAPO and VAPO clip higher, VAPO trains a critic and pretrains it, in its time/elapsed);
+- old log-probs: TRL's scoring pass before the update (ours take the sampler's); the second optimizer step of a
+  rollout is off-policy in both;
+- sampling: TRL's `model.generate` with its own random stream (transformers.set_seed(seed)), ours our sampler:
+  the same distribution (temperature, top-p 1, no top-k), other draws, so the runs' samples differ;
+- the interpreter: this script runs in .venv-trl, whose transformers may be newer than the project's.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import shutil
@@ -88,22 +145,63 @@ COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python v
             "vapo-recompute": "python vapo.py --algo vapo --no-value-pretraining --old-logprobs recompute"}
 
 
-def shapes(tiny: bool) -> dict:
-    """The batch shapes and sampling settings every contender uses: the demo preset's (or --tiny's)."""
+SHAPE_KEYS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
+              "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed")
+
+
+def demo_config(tiny: bool):
+    """The vapo.Config of the timing mode: the demo preset's (or --tiny's) shapes and sampling settings."""
     import config
     import vapo
-    keys = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
-            "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed")
-    cfg = vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
-    return {k: getattr(cfg, k) for k in keys}
+    return vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
 
 
-def step_prompts(shape: dict, steps: int) -> list[list[dict]]:
-    """The rows of RL steps 0 .. steps-1, as vapo.py draws them (data.load_data, data.prompt_batch)."""
+def shapes(tiny: bool) -> dict:
+    """The batch shapes and sampling settings every contender uses: the demo preset's (or --tiny's)."""
+    cfg = demo_config(tiny)
+    return {k: getattr(cfg, k) for k in SHAPE_KEYS}
+
+
+def step_prompts(cfg, steps: int) -> list[list[dict]]:
+    """The rows of RL steps 0 .. steps-1 of a run of cfg (a vapo.Config), as vapo.py draws them (data.load_data's
+    training rows, data.prompt_batch)."""
     import data
-    import task
-    rows = task.make_dataset(20000, seed=shape["seed"], split="train")  # data.load_data's training rows
-    return [data.prompt_batch(rows, s, shape["prompts_per_step"], shape["seed"]) for s in range(steps)]
+    rows, _ = data.load_data(cfg, None)  # the built-in task needs no tokenizer
+    return [data.prompt_batch(rows, s, cfg.prompts_per_rollout, cfg.seed) for s in range(steps)]
+
+
+def grpo_config(trl, shape: dict, out_dir: str, rollouts: int, loss_type: str = "dapo"):
+    """TRL's GRPOConfig for `rollouts` rollouts of shape (SHAPE_KEYS): one generation of P x G samples per
+    batch // mini optimizer steps, each of mini // micro micro-batches; no KL (beta 0), no reference model."""
+    G = shape["samples_per_prompt"]
+    batch, mini, micro = shape["prompts_per_step"] * G, shape["mini_batch_size"], shape["micro_batch_size"]
+    return trl.GRPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        beta=0.0, loss_type=loss_type, num_iterations=1, epsilon=shape["eps_low"], scale_rewards="group",
+        num_generations=G, per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
+        steps_per_generation=batch // micro,  # one generation of P x G samples per batch // mini optimizer steps
+        max_completion_length=shape["max_new_tokens"], temperature=shape["temperature"], top_p=shape["top_p"],
+        top_k=0, min_p=None, repetition_penalty=1.0,
+        learning_rate=shape["actor_lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=shape["warmup_steps"],
+        weight_decay=0.0, max_grad_norm=shape["max_grad_norm"],
+        max_steps=rollouts * (batch // mini), shuffle_dataset=False, seed=shape["seed"],
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+
+
+def verifier_reward(verifier, expected: list[list[str]], generations: list[dict]):
+    """TRL's reward function: the project's verifier on TRL's decoded completions, as vapo.py's reward phase
+    calls it. expected[i]: the prompts of vapo.py's step i + 1; a rollout that samples others stops the run.
+    Appends {"samples", "tokens" (EOS included), "prompts", "scores"} to generations for every call (one per
+    rollout)."""
+    def verifier_reward(prompts, completions, completion_ids, answer, **kwargs):
+        i, seen = len(generations), list(dict.fromkeys(prompts))
+        if i < len(expected) and seen != expected[i]:
+            raise SystemExit(f"vs_trl: TRL's rollout {i} sampled other prompts than vapo.py's step {i + 1}")
+        scores = verifier.score(completions, answer)
+        generations.append({"samples": len(completions), "tokens": sum(len(c) for c in completion_ids),
+                            "prompts": seen, "scores": scores})
+        return scores
+    return verifier_reward
 
 
 def child_env(threads: int) -> dict:
@@ -113,14 +211,17 @@ def child_env(threads: int) -> dict:
     return env
 
 
-def missing_trl() -> str | None:
-    """None when TRL imports, else the message that says how to install it."""
+def missing_trl(learn: bool = False) -> str | None:
+    """None when TRL imports, else the message that says how to install it (learn: for --learn, which has no
+    contender without TRL)."""
     try:
-        import trl  # noqa: F401
+        importlib.import_module("trl")
     except ImportError as err:
+        other = ("--learn runs TRL alone; this project's own curves come from bench/ablation.py" if learn else
+                 "or measure this project's contenders alone with --contenders grpo vapo")
         return (f"vs_trl: TRL is not installed ({err}). It is a benchmark dependency only, not in requirements.txt; "
                 f"install it into a virtual environment of its own and run this script from there:\n    {INSTALL}\n"
-                f"or measure this project's contenders alone with --contenders grpo vapo")
+                f"{other}")
     return None
 
 
@@ -188,26 +289,23 @@ def trl_worker(args):
     import trl
     from trl.extras import profiling
 
-    import reward
     import task
     from models import load_policy
+    from run import verifier_for
 
+    cfg = demo_config(args.tiny)
     shape = shapes(args.tiny)
     P, G = shape["prompts_per_step"], shape["samples_per_prompt"]
     batch = P * G
     rollouts_n = args.steps + 1
-    per_rollout = [[r for r in rows] for rows in step_prompts(shape, rollouts_n)]
+    per_rollout = step_prompts(cfg, rollouts_n)
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
                                           for rows in per_rollout for r in rows])
     policy, tokenizer = load_policy(task.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
 
-    generations = []  # per reward call (one per rollout): the tokens, samples, prompts seen
-
-    def arith(prompts, completions, completion_ids, answer, **kwargs):
-        """The project's verifier on TRL's decoded completions, as vapo.py's reward phase calls it."""
-        generations.append({"samples": len(completions), "tokens": sum(len(c) for c in completion_ids),
-                            "prompts": list(dict.fromkeys(prompts))})
-        return reward.score_batch(completions, answer, verifier=reward.arith_reward, num_workers=0)
+    generations: list[dict] = []  # per reward call (one per rollout): the tokens, samples, prompts seen
+    reward_fn = verifier_reward(verifier_for(cfg), [[r["prompt"] for r in rows] for rows in per_rollout],
+                                generations)
 
     blocks: list[tuple[str, float]] = []  # TRL's own profiling blocks, in order
 
@@ -224,20 +322,10 @@ def trl_worker(args):
         def on_step_end(self, *a, **kw):
             ends.append((time.perf_counter(), len(blocks)))
 
-    mini, micro = shape["mini_batch_size"], shape["micro_batch_size"]
+    mini = shape["mini_batch_size"]
     out_dir = tempfile.mkdtemp(prefix="vs_trl-")
-    config = trl.GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        beta=0.0, loss_type="dapo", num_iterations=1, epsilon=shape["eps_low"], scale_rewards="group",
-        num_generations=G, per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
-        steps_per_generation=batch // micro,  # one generation of P x G samples per batch // mini optimizer steps
-        max_completion_length=shape["max_new_tokens"], temperature=shape["temperature"], top_p=shape["top_p"],
-        top_k=0, min_p=None, repetition_penalty=1.0,
-        learning_rate=shape["actor_lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=shape["warmup_steps"],
-        weight_decay=0.0, max_grad_norm=shape["max_grad_norm"],
-        max_steps=rollouts_n * (batch // mini), shuffle_dataset=False, seed=shape["seed"],
-        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
-    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[arith], args=config, train_dataset=dataset,
+    config = grpo_config(trl, shape, out_dir, rollouts_n)
+    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
     try:
         trainer.train()
@@ -251,9 +339,6 @@ def trl_worker(args):
     rollouts = []
     for i in range(rollouts_n):
         (t_start, b_start), (t_end, b_end) = ends[i * per], ends[(i + 1) * per]
-        expected = [r["prompt"] for r in per_rollout[i]]
-        if generations[i]["prompts"] != expected:
-            raise SystemExit(f"vs_trl: TRL's rollout {i} sampled other prompts than vapo.py's step {i + 1}")
         phases: dict[str, float] = {}
         for name, seconds in blocks[b_start:b_end]:
             name = name.split(".", 1)[1] if name.startswith("GRPOTrainer.") else name
@@ -338,23 +423,293 @@ def phase_lines(summary: dict) -> list[str]:
     return lines
 
 
+# --- time to learn (--learn) ----------------------------------------------------------------------------------
+GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains reported by default (bench/ablation.py's TIME_TO_LEARN: 0.20)
+# --learn --tiny: TINY's shapes with 48 new tokens (room for a short chain's answer, as bench/ablation.py --quick
+# has for long), for 2 rollouts, evaluated after each on 4 held-out prompts: a check that it runs
+LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4)
+LEARN_TINY_ROLLOUTS = 2
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that keep the clipped PPO objective
+
+
+def learn_config(preset: str, seed: int, tiny: bool):
+    """The vapo.Config whose shapes, optimizer, data and evaluation a --learn run shares with the sweep's runs of
+    `bench/ablation.py --preset preset` (the preset, the sweep's evaluation options, --seed), validated."""
+    import ablation
+    import config
+    import vapo
+    sweep = ablation.SWEEPS[preset]
+    evaluation = {k: sweep[k] for k in ("eval_prompts", "eval_samples") if sweep[k] is not None}
+    return vapo.Config(**{**config.PRESETS[preset], **evaluation, "seed": seed,
+                          **(LEARN_TINY if tiny else {})}).validate()
+
+
+def learn_plan(cfg, preset: str, tiny: bool) -> dict:
+    """{"rollouts", "budget" (generated samples), "eval_every" (samples)}: the sweep's (bench/ablation.py: its
+    steps x the batch, evaluated `evaluations` times along it, as its --eval-every-samples), or --tiny's."""
+    import ablation
+    sweep = ablation.SWEEPS[preset]
+    rollouts = LEARN_TINY_ROLLOUTS if tiny else sweep["steps"]
+    budget = rollouts * cfg.batch_size
+    return {"rollouts": rollouts, "budget": budget,
+            "eval_every": cfg.batch_size if tiny else budget // sweep["evaluations"]}
+
+
+def crosses(before: int, after: int, every: int) -> bool:
+    """Whether going from `before` to `after` generated samples passes a multiple of `every` (run.Run.evaluates'
+    rule for --eval-every-samples: an evaluation once per multiple, after the step that reaches it)."""
+    return after // every > before // every
+
+
+def rollout_record(step: int, generation: dict, seconds: float) -> dict:
+    """A rollout's record as vapo.py's metrics.jsonl has it (the figures TRL's trainer has the same meaning for).
+    generation: verifier_reward's {"samples", "tokens", "scores"}; seconds: the rollout's own time."""
+    scores, n = generation["scores"], generation["samples"]
+    return {"step": step, "samples_generated": n, "train_acc": sum(s > 0 for s in scores) / n,
+            "reward_mean": sum(scores) / n, "response_len": generation["tokens"] / n, "time/step": seconds}
+
+
+def eval_record(step: int, samples_total: int, figures: dict) -> dict:
+    """An evaluation's record as vapo.py's (run.Run.emit_eval: {"step", **vapo.evaluate's figures}), with the
+    samples generated so far under a name that no reader adds to the rollouts' samples_generated."""
+    return {"step": step, **figures, "samples_generated_total": samples_total}
+
+
+def time_to_gain(evals: list[dict], gain: float, k: str) -> dict | None:
+    """The first evaluation whose held-out `eval/acc_{k}` is at least `gain` above the first evaluation's (the base
+    model's): {"samples", "seconds" (its time/elapsed), "acc"}; None if none is."""
+    key = f"eval/acc_{k}"
+    for e in evals:
+        if e[key] - evals[0][key] >= gain - 1e-9:  # a gain of exactly `gain` counts, whatever the float rounding
+            return {"samples": e["samples_generated_total"], "seconds": e["time/elapsed"], "acc": e[key]}
+    return None
+
+
+class Records:
+    """metrics.jsonl in a folder, one flat JSON object a line, flushed, each with time/elapsed: the seconds since
+    start() (vapo.py's run.Run.emit)."""
+
+    def __init__(self, folder: str):
+        self.path, self.t0 = os.path.join(folder, "metrics.jsonl"), None
+        self.rollouts, self.evals = [], []  # the records written, by kind
+        open(self.path, "w").close()
+
+    def start(self):
+        self.t0 = time.perf_counter()
+
+    def emit(self, record: dict) -> dict:
+        record["time/elapsed"] = time.perf_counter() - self.t0
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        (self.evals if any(k.startswith("eval/") for k in record) else self.rollouts).append(record)
+        return record
+
+
+def learn_folder(out: str, overwrite: bool) -> str:
+    """--out, made; SystemExit if it holds an earlier run (its metrics.jsonl) and --overwrite is not set."""
+    if os.path.exists(os.path.join(out, "metrics.jsonl")) and not overwrite:
+        raise SystemExit(f"vs_trl: --out {out} already holds a run (metrics.jsonl); pass --overwrite to replace it, "
+                         f"or another --out")
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def trl_learn(args):
+    """One TRL GRPOTrainer run on the sweep's budget, evaluated by vapo.evaluate at the sweep's sample counts;
+    writes metrics.jsonl, config.json, trl_log_history.json and learn.json into args.out (module docstring)."""
+    message = missing_trl(learn=True)
+    if message:
+        raise SystemExit(message)
+    import dataclasses
+
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    import data
+    import demo_seeds
+    import rollout
+    import task
+    import vapo
+    from models import load_policy
+    from run import verifier_for
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = learn_config(args.preset, args.seed, args.tiny)
+    plan = learn_plan(cfg, args.preset, args.tiny)
+    folder = learn_folder(args.out, args.overwrite)
+    shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
+    per = cfg.batch_size // cfg.mini_batch_size  # optimizer steps (trainer steps) per rollout
+    k = f"avg@{cfg.eval_samples}"
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    machine = demo_seeds.machine()
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
+    print(f"machine: {machine}\ndate: {started}; {torch.get_num_threads()} torch threads; "
+          + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
+    if trl.__version__ != TRL_VERSION:
+        print(f"note: TRL {trl.__version__}; the documented measurement is TRL {TRL_VERSION}", flush=True)
+    print(f"TRL GRPOTrainer (loss_type={args.loss_type}, beta=0), --preset {args.preset} seed {cfg.seed}"
+          f"{' --tiny: a check that it runs, not a measurement' if args.tiny else ''}: {plan['rollouts']} rollouts "
+          f"of {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples (<= {cfg.max_new_tokens} tokens), "
+          f"{per} optimizer steps each; {plan['budget']} samples, evaluated ({cfg.eval_prompts} held-out prompts, "
+          f"{k} and greedy) at 0 and every {plan['eval_every']}; into {folder}", flush=True)
+
+    policy, tokenizer = load_policy(task.shipped_model(cfg.model), dtype=torch.float32, device=torch.device("cpu"))
+    rows, held_out = data.load_data(cfg, tokenizer)
+    verifier = verifier_for(cfg)
+    data.check_gold_answers(held_out, verifier)
+    per_rollout = [data.prompt_batch(rows, s, cfg.prompts_per_rollout, cfg.seed) for s in range(plan["rollouts"])]
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
+                                          for step_rows in per_rollout for r in step_rows])
+    generations: list[dict] = []
+    reward_fn = verifier_reward(verifier, [[r["prompt"] for r in step_rows] for step_rows in per_rollout],
+                                generations)
+    engine = rollout.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
+    records = Records(folder)
+    clock = {"samples": 0, "last": 0.0}  # samples generated so far; perf_counter at the end of the last record
+
+    def evaluate(step: int):
+        figures = vapo.evaluate(engine, held_out, cfg, verifier)
+        r = records.emit(eval_record(step, clock["samples"], figures))
+        base = records.evals[0][f"eval/acc_{k}"]
+        print(f"eval after {clock['samples']} samples ({step} rollouts), {r['time/elapsed']:.0f} s: {k} "
+              f"{r[f'eval/acc_{k}']:.3f} ({r[f'eval/acc_{k}'] - base:+.3f}), greedy {r['eval/acc_greedy']:.3f}",
+              flush=True)
+
+    class Learn(transformers.TrainerCallback):
+        """Step 0's evaluation as training starts; a rollout's record after its last optimizer step, then an
+        evaluation when its samples cross a multiple of eval_every (and after the last rollout)."""
+
+        def on_train_begin(self, *a, **kw):
+            records.start()
+            evaluate(0)
+            clock["last"] = time.perf_counter()
+
+        def on_step_end(self, cargs, state, control, **kw):
+            if state.global_step % per:
+                return
+            step = state.global_step // per
+            if len(generations) != step:
+                raise SystemExit(f"vs_trl: after {state.global_step} optimizer steps TRL had generated "
+                                 f"{len(generations)} rollouts, expected {step}")
+            generation = generations[step - 1]
+            if generation["samples"] != cfg.batch_size:
+                raise SystemExit(f"vs_trl: TRL's rollout {step} had {generation['samples']} samples, expected "
+                                 f"{cfg.batch_size}")
+            before = clock["samples"]
+            clock["samples"] += generation["samples"]
+            r = records.emit(rollout_record(step, generation, time.perf_counter() - clock["last"]))
+            print(f"rollout {step}/{plan['rollouts']}: {clock['samples']} samples, train_acc {r['train_acc']:.3f}, "
+                  f"response_len {r['response_len']:.0f}, {r['time/step']:.1f} s, {r['time/elapsed']:.0f} s in all",
+                  flush=True)
+            if crosses(before, clock["samples"], plan["eval_every"]) or step == plan["rollouts"]:
+                evaluate(step)
+            clock["last"] = time.perf_counter()
+
+    optimizer = vapo.make_optimizer(policy, cfg.actor_lr, cfg)  # (AdamW, warmup then constant): ours
+    scratch = tempfile.mkdtemp(prefix="vs_trl-")
+    grpo = grpo_config(trl, shape, scratch, plan["rollouts"], loss_type=args.loss_type)
+    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[Learn()], optimizers=optimizer)
+    trainer.remove_callback(transformers.PrinterCallback)  # TRL's per-step logs: in trl_log_history.json instead
+    if trainer.model is not policy:  # the engine samples from `policy`: it must be the model TRL trains
+        raise SystemExit("vs_trl: TRL wrapped the model; the evaluation would not see its updates")
+    settings = {"trainer": f"trl.GRPOTrainer {trl.__version__}", "steps": plan["rollouts"],
+                "max_samples": plan["budget"], "eval_every_samples": plan["eval_every"], "preset": args.preset,
+                "seed": cfg.seed, "tiny": args.tiny, "loss_type": args.loss_type, "shape": shape,
+                "evaluation": {f: getattr(cfg, f) for f in ("eval_prompts", "eval_samples", "eval_temperature",
+                                                            "eval_top_p", "eval_batch_size")},
+                "optimizer": "vapo.make_optimizer (torch AdamW, linear warmup then constant)",
+                "grpo_config": json.loads(json.dumps(grpo.to_dict(), default=str)),
+                "vapo_config": dataclasses.asdict(cfg)}
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(settings, fh, indent=1)
+    t0 = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        with open(os.path.join(folder, "trl_log_history.json"), "w") as fh:
+            json.dump(trainer.state.log_history, fh, indent=1)
+    wall = time.perf_counter() - t0
+    if len(generations) != plan["rollouts"]:
+        raise SystemExit(f"vs_trl: TRL ran {len(generations)} rollouts, expected {plan['rollouts']}")
+
+    gains = {f"{g:g}": time_to_gain(records.evals, g, k) for g in args.gains}
+    report = {"machine": machine, "date": started, "threads": torch.get_num_threads(), "versions": versions,
+              "args": vars(args), "settings": {n: v for n, v in settings.items() if n != "vapo_config"},
+              "train_wall_s": wall, "s_per_rollout": statistics.median(r["time/step"] for r in records.rollouts),
+              "measure": f"eval/acc_{k}",
+              "base": records.evals[0][f"eval/acc_{k}"], "gains": gains,
+              "evaluations": [{"samples": e["samples_generated_total"], "seconds": e["time/elapsed"],
+                               k: e[f"eval/acc_{k}"], "greedy": e["eval/acc_greedy"]} for e in records.evals]}
+    with open(os.path.join(folder, "learn.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    print(f"\n{wall:.0f} s of training in all (evaluations included); median {report['s_per_rollout']:.2f} s a "
+          f"rollout (evaluations left out)\n\n| held-out {k} gain | reached after (samples) | time/elapsed (s) |\n"
+          f"|---|---|---|")
+    for g, hit in gains.items():
+        where = f"{hit['samples']} | {hit['seconds']:.0f}" if hit else "not reached | -"
+        print(f"| +{100 * float(g):.0f} points | {where} |")
+    print(f"\nwrote {records.path}, config.json, trl_log_history.json, learn.json")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3, help="repetitions, each one run of every contender in turn")
-    ap.add_argument("--steps", type=int, default=4, help="timed rollouts per run, after one untimed warm-up rollout")
-    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS[:3]),
+    ap.add_argument("--repeats", type=int, default=None, help="repetitions, each one run of every contender in turn "
+                                                              "(default 3)")
+    ap.add_argument("--steps", type=int, default=None, help="timed rollouts per run, after one untimed warm-up "
+                                                            "rollout (default 4)")
+    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
                     help="which to run, in this order within each repetition (default: trl grpo vapo; "
                          "grpo-recompute and vapo-recompute add the policy's scoring pass for the old log-probs, "
                          "as before --old-logprobs existed)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads of every contender (OMP_NUM_THREADS); 0 = torch's default, one per core")
     ap.add_argument("--tiny", action="store_true", help="2 prompts x 2 samples, 16 new tokens, mini-batches of 2 "
-                                                        "in micro-batches of 1: a check that it runs")
+                                                        "in micro-batches of 1: a check that it runs (--learn: 48 "
+                                                        "new tokens, 2 rollouts, evaluated on 4 held-out prompts "
+                                                        "after each)")
     ap.add_argument("--keep", action="store_true", help="keep vapo.py's run folders (in a temporary folder)")
-    ap.add_argument("--out", default=os.path.join("runs", "vs_trl.json"), help="the JSON of all raw timings")
+    ap.add_argument("--out", default=None, help="the JSON of all raw timings (default runs/vs_trl.json); --learn: "
+                                                "the run's folder (default runs/trl-PRESET)")
+    learn = ap.add_argument_group("time to learn (--learn: TRL alone, on bench/ablation.py's budget and schedule)")
+    learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated by vapo.evaluate at the sweep's "
+                                                            "sample counts, written as vapo.py's metrics.jsonl")
+    learn.add_argument("--preset", choices=("long", "demo"), default=None,
+                       help="--learn: the preset and sweep (bench/ablation.py --preset) to match (default long)")
+    learn.add_argument("--seed", type=int, default=0, help="--learn: the seed of the data order, TRL's sampling and "
+                                                           "the evaluation (vapo.py --seed)")
+    learn.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo",
+                       help="--learn: TRL's loss_type (dapo: token-level, the timing mode's; grpo: per sample)")
+    learn.add_argument("--gains", type=float, nargs="+", default=list(GAINS),
+                       help="--learn: held-out avg@k gains (fractions) whose time to reach is reported")
+    learn.add_argument("--overwrite", action="store_true", help="--learn: replace the run in --out")
     ap.add_argument("--worker", choices=("trl",), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.learn:
+        timing_only = [f"--{n}" for n in ("repeats", "steps", "contenders") if getattr(args, n) is not None]
+        timing_only += ["--keep"] if args.keep else []
+        if timing_only:
+            ap.error(f"{' '.join(timing_only)}: options of the timing mode; --learn runs TRL alone, once")
+        if args.threads < 0 or any(not 0 < g < 1 for g in args.gains):
+            ap.error("--threads must be >= 0 and every --gains between 0 and 1 (a fraction of the held-out prompts)")
+        args.preset = args.preset or "long"
+        args.out = args.out or os.path.join("runs", f"trl-{args.preset}")
+        return trl_learn(args)
+    learn_only = [o for o, typed in (("--preset", args.preset not in (None, "demo")), ("--seed", args.seed != 0),
+                                     ("--loss-type", args.loss_type != "dapo"),
+                                     ("--gains", args.gains != list(GAINS)), ("--overwrite", args.overwrite))
+                  if typed]
+    if learn_only:
+        ap.error(f"{' '.join(learn_only)}: options of --learn; the timing mode runs the demo preset, seed 0")
+    args.repeats = 3 if args.repeats is None else args.repeats
+    args.steps = 4 if args.steps is None else args.steps
+    args.contenders = list(CONTENDERS[:3]) if args.contenders is None else args.contenders
+    args.out = args.out or os.path.join("runs", "vs_trl.json")
     if args.repeats < 1 or args.steps < 1 or args.threads < 0:
         ap.error("--repeats and --steps must be >= 1, --threads >= 0")
     if args.worker:

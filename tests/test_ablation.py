@@ -1,5 +1,6 @@
-"""bench/ablation.py --quick: every row of the paper's ablation table still runs (2 steps each, one seed), and
-the sweep writes its table, JSON and plot. Slow (about 2-3 minutes on 2 cores); CI runs it."""
+"""bench/ablation.py --quick: every row of the paper's ablation table still runs (2 steps each, one seed), in the
+demo's regime and in the long chains', and the sweep writes its tables, JSON and plots. Slow (about 2-3 minutes
+each on 2 cores); CI runs them."""
 import json
 import os
 import subprocess
@@ -25,4 +26,31 @@ def test_every_row_runs(tmp_path):
     assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
     # two tables (results, diagnostics), each a header, a separator and the 11 rows
     assert (out / "ablation.md").read_text().count("\n|") == 26 and (out / "ablation.png").exists()
-    assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None and rows["GRPO"]["diagnostics"]["ev"] is None
+    assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None and rows["GRPO"]["diagnostics"]["explained_variance"] is None
+
+
+@pytest.mark.slow
+def test_every_row_runs_in_the_long_regime(tmp_path):
+    """--preset long --quick: every row evaluated at the same sample counts (0, 8, 16: --eval-every-samples),
+    every final critic judged on the same base-model responses (GRPO and DAPO have none), the views of VAPO, PPO
+    and GRPO side by side, and every seed's figures in the JSON."""
+    out = tmp_path / "ablation-long"
+    proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--preset", "long", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.load(open(out / "ablation.json"))
+    rows = {r["row"]: r for r in result["rows"]}
+    assert len(rows) == 11 and result["preset"] == "long" and result["budget"] == 16
+    for name in ("VAPO", "PPO", "GRPO", "w/o Clip-Higher"):
+        (seed,) = rows[name]["per_seed"]
+        assert [e["samples"] for e in seed["eval_curve"]] == [0, 8, 16], name
+        assert set(seed["bands"]) == {"1-10", "11-20", "21-30", "31-40"}
+    config = json.load(open(out / "vapo-s0" / "config.json"))
+    assert config["model"] == "builtin-long" and config["value_model"] == "builtin-long-rm"
+    assert rows["GRPO"]["per_seed"][0]["critic_after_rl"] is None and "critic_after_rl" not in rows["GRPO"]
+    judged = rows["PPO"]["per_seed"][0]["critic_after_rl"]
+    assert judged["lambda"] == "0.95" and rows["VAPO"]["per_seed"][0]["critic_after_rl"]["lambda"] == "adaptive"
+    assert len(judged["ev_by_fifth"]) == 5 and judged["credit"] > 0
+    assert any(k.startswith("reward model") for k in result["critics_at_start"])
+    report = (out / "ablation.md").read_text()
+    assert "credit at decisive tokens" in report and (out / "views.png").exists() and (out / "ablation.png").exists()

@@ -118,7 +118,8 @@ def test_vs_trl_ratios_and_targets_from_raw_timings():
             "vapo": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])]}
     s = vs_trl.summarise(runs)
     assert s["trl"]["ms_per_sample"] == statistics.median([50.0, 100.0])
-    assert s["grpo"]["per_repetition"][0]["ms_per_sample"] == 20.0 and s["grpo"]["per_repetition"][1]["ms_per_token"] == 1.0
+    assert s["grpo"]["per_repetition"][0]["ms_per_sample"] == 20.0
+    assert s["grpo"]["per_repetition"][1]["ms_per_token"] == 1.0
     # per repetition TRL / grpo: 2.5 and 4 per sample; the median of the two, not the ratio of the medians
     assert s["grpo"]["trl_over_this"]["ms_per_sample"]["per_repetition"] == [2.5, 4.0]
     assert s["grpo"]["trl_over_this"]["ms_per_sample"]["median_of_repetitions"] == 3.25
@@ -128,6 +129,87 @@ def test_vs_trl_ratios_and_targets_from_raw_timings():
     assert s["vapo"]["target"] == {"per_sample_at_least": 1.3, "met": False}
     table = vs_trl.table(s)
     assert "| grpo |" in table and "3.25x" in table and ">= 2.0x: met" in table and ">= 1.3x: NOT met" in table
+
+
+def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read(tmp_path):
+    """--learn's pieces that need no TRL: the long sweep's shapes, budget and evaluation schedule (evaluations at
+    0, 640, ..., 2,560 samples), the reward function's prompt check, and records in vapo.py's metrics.jsonl format
+    that bench/ablation.py reads as it reads a run folder."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    import vs_trl
+
+    cfg = vs_trl.learn_config("long", 0, tiny=False)
+    assert (cfg.model, cfg.dataset, cfg.seed) == ("builtin-long", "builtin-long", 0)
+    assert (cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_p) == \
+        (8, 8, 448, 1.0, 1.0)
+    assert (cfg.actor_lr, cfg.warmup_steps, cfg.mini_batch_size, cfg.micro_batch_size) == (1.5e-4, 5, 32, 8)
+    assert (cfg.eval_prompts, cfg.eval_samples, cfg.eval_top_p, cfg.eval_batch_size) == (80, 4, 1.0, 80)
+    plan = vs_trl.learn_plan(cfg, "long", tiny=False)
+    assert plan == {"rollouts": 40, "budget": 2560, "eval_every": 640}
+    evaluated, samples = [], 0
+    for step in range(1, plan["rollouts"] + 1):  # the callback's rule, 64 samples a rollout
+        before, samples = samples, samples + cfg.batch_size
+        if vs_trl.crosses(before, samples, plan["eval_every"]):
+            evaluated.append(samples)
+    assert evaluated == [640, 1280, 1920, 2560]
+    assert vs_trl.crosses(600, 700, 640) and not vs_trl.crosses(640, 700, 640) and vs_trl.crosses(0, 1300, 640)
+    tiny = vs_trl.learn_config("long", 0, tiny=True)
+    assert vs_trl.learn_plan(tiny, "long", tiny=True) == {"rollouts": 2, "budget": 8, "eval_every": 4}
+
+    class Verifier:  # stands for run.verifier_for(cfg): +1 for the answer "7"
+        def score(self, completions, answers):
+            return [1.0 if c == "7" else -1.0 for c in completions]
+    generations = []
+    fn = vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], generations)
+    assert fn(["p1", "p1", "p2", "p2"], ["7", "3", "7", "7"], [[1, 2], [1], [1, 2, 3], [4]], ["7"] * 4) == \
+        [1.0, -1.0, 1.0, 1.0]
+    assert generations == [{"samples": 4, "tokens": 7, "prompts": ["p1", "p2"], "scores": [1.0, -1.0, 1.0, 1.0]}]
+    try:
+        vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], [])(["p2", "p1"], ["7", "7"], [[1], [1]], ["7", "7"])
+        raise AssertionError("other prompts than vapo.py's were accepted")
+    except SystemExit as stop:
+        assert "sampled other prompts than vapo.py's step 1" in str(stop)
+
+    bands = {"eval/acc_avg@4_steps_1-10": 0.5, "eval/acc_avg@4_steps_21-30": 0.0, "eval/acc_greedy_steps_1-10": 0.9,
+             "eval/acc_greedy_steps_21-30": 0.5}
+    records = vs_trl.Records(str(tmp_path))
+    records.start()
+    records.emit(vs_trl.eval_record(0, 0, {"eval/acc_avg@4": 0.2, "eval/acc_greedy": 0.6,
+                                           "eval/response_len_greedy": 200.0, **bands}))
+    rollout = vs_trl.rollout_record(1, {"samples": 4, "tokens": 30, "scores": [1.0, -1.0, -1.0, -1.0]}, 2.5)
+    assert rollout == {"step": 1, "samples_generated": 4, "train_acc": 0.25, "reward_mean": -0.5,
+                       "response_len": 7.5, "time/step": 2.5}
+    records.emit(rollout)
+    records.emit(vs_trl.rollout_record(2, {"samples": 4, "tokens": 40, "scores": [1.0] * 4}, 2.0))
+    records.emit(vs_trl.eval_record(2, 8, {"eval/acc_avg@4": 0.45, "eval/acc_greedy": 0.7,
+                                           "eval/response_len_greedy": 190.0, **bands}))
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [records.evals[0], *records.rollouts, records.evals[1]]  # as written, in order
+    assert all(r["time/elapsed"] >= 0 for r in lines) and lines[-1]["samples_generated_total"] == 8
+    assert sum(r.get("samples_generated", 0) for r in lines) == 8  # an evaluation adds nothing to the sum
+    assert ablation.curve(str(tmp_path)) == [(0, 0.2, 0.6), (8, 0.45, 0.7)]  # the sweep's own reader
+    figures = ablation.run_figures(str(tmp_path))
+    assert [e["samples"] for e in figures["eval_curve"]] == [0, 8] and figures["length_curve"] == [(4, 7.5), (8, 10)]
+    hit = vs_trl.time_to_gain(records.evals, 0.25, "avg@4")
+    assert hit == {"samples": 8, "seconds": lines[-1]["time/elapsed"], "acc": 0.45}
+    assert vs_trl.time_to_gain(records.evals, 0.3, "avg@4") is None
+
+
+def test_vs_trl_learn_without_trl_says_how_to_install_it_and_refuses_timing_options(tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "trl.py").write_text("raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n")
+    out = tmp_path / "trl-long"
+    proc = run(["bench/vs_trl.py", "--learn", "--tiny", "--out", str(out)], ok=False, PYTHONPATH=str(shim))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
+        in proc.stderr and "--learn runs TRL alone" in proc.stderr
+    assert not out.exists()
+    proc = run(["bench/vs_trl.py", "--learn", "--repeats", "2"], ok=False)
+    assert proc.returncode == 2 and "--repeats: options of the timing mode" in proc.stderr
+    proc = run(["bench/vs_trl.py", "--preset", "long", "--contenders", "grpo"], ok=False)
+    assert proc.returncode == 2 and "--preset: options of --learn" in proc.stderr
 
 
 def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):

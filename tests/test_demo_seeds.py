@@ -53,3 +53,23 @@ def test_runs_are_summarised_and_counted(tmp_path):
     assert (v["runs"], v["finished"], v["gained_both_25"], v["ended_below_base"]) == (4, 3, 1, 1)
     table = demo_seeds.table(rows)
     assert "+60.0" in table and "did not finish" in table and len(table.splitlines()) == 6
+
+
+def test_a_run_another_invocation_is_running_is_left_to_it(tmp_path):
+    """Two sweeps over the same folder never run one run twice: a run folder whose running.pid names a live
+    process is skipped (None, nothing started); a stale one (its process gone) is not in the way."""
+    import subprocess
+    import sys
+    folder = tmp_path / "run"
+    fake_run(folder, 4, (0.3, 0.2), (0.5, 0.5), finished=False)
+    (folder / demo_seeds.RUNNING).write_text(f"{os.getpid()}\n")  # this test's own process: alive
+    assert demo_seeds.running(str(folder)) == os.getpid()
+    before = (folder / "metrics.jsonl").read_text()
+    assert demo_seeds.run_vapo("x", ["--steps", "1"], str(folder)) is None
+    assert (folder / "metrics.jsonl").read_text() == before and not (folder / "stdout.log").exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / demo_seeds.RUNNING).write_text(f"{gone.pid}\n")
+    assert demo_seeds.running(str(folder)) is None
+    (folder / demo_seeds.RUNNING).write_text("not a number\n")
+    assert demo_seeds.running(str(folder)) is None

@@ -171,6 +171,33 @@ def test_critic_bias_compares_mean_values_with_the_monte_carlo_return_by_positio
     assert [c["tokens"] for c in const["by_fifth"]] == [1 + 2 + 4, 1 + 2 + 4, 1 + 2 + 4, 1 + 2 + 4, 1 + 2 + 4]
 
 
+def test_credit_at_the_decisive_tokens():
+    """Credit assignment as bench/critic_bias.py measures it: a critic whose value changes only at the decisive
+    token puts every TD error there (credit = 1 / the decisive tokens' share, its maximum); GRPO's group advantage,
+    the same on every token of a response, is spread evenly (credit 1 when the responses are of equal length)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("critic_bias", os.path.join(os.path.dirname(__file__), "..",
+                                                                              "bench", "critic_bias.py"))
+    bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bias)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    decisive = torch.zeros(4, 10, dtype=torch.bool)
+    decisive[:, 3] = True  # the outcome is decided at token 3: V is 0 before it and the reward from it on
+    values = torch.zeros(4, 10)
+    values[:, 4:] = rewards[:, None]
+    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive)
+    assert table["credit_lambda_0 (TD error)"] == pytest.approx(10.0)  # all of |delta| on 1 token in 10
+    assert 1.0 < table["credit_lambda_0.95"] < 10.0  # lambda > 0 spreads it back over the earlier tokens
+    assert bias.group_credit(rewards, mask, decisive, group_size=2) == pytest.approx(1.0)
+
+
+def test_borrow_digits_are_the_tens_digits_of_borrow_steps():
+    text = "12 a-5=07\n07 b+3=10\n10 c-1=19\n19 d+1=20\nAnswer: 20"  # c-1 is a borrow step, habit-written
+    assert [text[i - 1:i + 2] for i in task.borrow_digits(text)] == ["=07", "=19"]
+    assert task.borrow_digits("Answer: 7") == [] and task.borrow_digits("12 a-5=07\ngarbage\n12 b-5=07") == [7]
+
+
 @pytest.mark.slow
 def test_the_long_preset_runs_two_steps_from_the_shipped_models(tmp_path):
     """`python vapo.py --preset long` at two steps (one of value pretraining, a small evaluation): the shipped

@@ -334,6 +334,36 @@ def test_max_samples_stops_at_an_equal_budget_of_samples(tiny_model_dir, tmp_pat
     assert torch.load(os.path.join(run_dir, "checkpoint", "state.pt"), weights_only=False)["step"] == 2
 
 
+def test_evaluation_at_sample_counts(tiny_model_dir, tmp_path):
+    """--eval-every-samples 12 at 8 samples a step: evaluations after the steps that pass 12 and 24 samples (steps
+    2 and 3, not 4 at 32) and at the last; --eval-every is then not used. Every step logs the critic's fit and the
+    raw advantage on the first tenth of responses and on the rest."""
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=5, eval_every=1, eval_every_samples=12,
+                                     value_pretraining=False))
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 2, 3, 5]
+    steps = [r for r in records if "samples_generated" in r]
+    assert all({"advantage_first_tenth", "advantage_rest", "ev_first_tenth", "ev_rest"} <= set(r) for r in steps)
+    with pytest.raises(ValueError, match="--eval-every-samples"):
+        tiny_config(tiny_model_dir, tmp_path / "bad", eval_every_samples=-1)
+
+
+def test_advantage_by_position_is_the_raw_advantage_split():
+    """The logged first-tenth and rest figures are the masked means of the unwhitened advantages over each
+    response's first tenth (losses.head_mask) and the rest, whether or not the update whitens them."""
+    from losses import head_mask, masked_mean
+    ro = FakeRollout([10, 40], T=40)
+    scores, values = torch.tensor([1.0, -1.0]), torch.rand(2, 40) * ro.response_mask
+    raw, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5))
+    stats = {}
+    whitened, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, whiten_advantages=True), stats)
+    head = head_mask(ro.response_mask)
+    assert head.sum(-1).tolist() == [1, 4]  # positions t < 0.1 * length
+    assert stats["advantage_first_tenth"] == pytest.approx(masked_mean(raw, head).item())
+    assert stats["advantage_rest"] == pytest.approx(masked_mean(raw, ro.response_mask - head).item())
+    assert not torch.allclose(raw, whitened)
+
+
 def test_positive_nll_switch(tiny_model_dir, tmp_path):
     """Off: no NLL term at all. On, with every sample marked correct: the NLL is logged and positive."""
     from models import load_policy, value_model_from_policy
