@@ -74,7 +74,7 @@ ROWS = [
 SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Higher", "w/o Token-level Loss",
                  "w/o Positive Example LM Loss", "w/o Group-Sampling"}
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
-TIME_TO_LEARN = 0.20  # held-out avg@k gain (as a fraction) whose wall time is reported
+GAINS = (0.05, 0.10, 0.20)  # held-out avg@k gains (fractions) whose wall time to reach is reported
 
 
 def slug(row: str) -> str:
@@ -147,7 +147,7 @@ def long_band(record: dict, measure: str) -> float | None:
 def run_figures(run_dir: str) -> dict:
     """What one finished run shows, beyond demo_seeds.summarise_run: its means over RL steps (and over the first
     and the last five) of what the techniques act on, its held-out accuracy by band (base and final), its curves
-    against generated samples, and the wall time at which it first gained TIME_TO_LEARN held-out (avg@k)."""
+    against generated samples (held-out accuracy and length, and the wall time, at each evaluation)."""
     records = read_records(run_dir)
     steps = [r for r in records if "train_acc" in r and "step" in r]
     evals = [r for r in records if "eval/acc_greedy" in r]
@@ -175,30 +175,53 @@ def run_figures(run_dir: str) -> dict:
         if "eval/acc_greedy" in r:
             eval_curve.append({"samples": generated, "seconds": r["time/elapsed"], k: r[f"eval/acc_{k}"],
                                "greedy": r["eval/acc_greedy"], "long_" + k: long_band(r, k),
-                               "length_greedy": r["eval/response_len_greedy"]})
+                               "length_greedy": r["eval/response_len_greedy"],
+                               "length_" + k: r[f"eval/response_len_{k}"]})
     out["length_curve"], out["eval_curve"] = length_curve, eval_curve
-    gained = [e for e in eval_curve if e[k] - eval_curve[0][k] >= TIME_TO_LEARN]
-    out["seconds_to_gain"] = gained[0]["seconds"] if gained else None
     return out
 
 
-def critic_figures(run_dir: str, responses) -> dict | None:
-    """The run's final critic judged on the fixed responses (bench/critic_bias.bias_table under the run's own
-    lambda): bias and explained variance by fifth, the advantage on the first tenth and the rest, the credit at
-    the decisive tokens; cached in run_dir/diagnostics.json. None for a run without a critic (GRPO, DAPO)."""
-    folder = os.path.join(run_dir, "checkpoint", "critic")
+def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
+    """What the run's final models do, computed once and cached in run_dir/diagnostics.json: {"critic": its
+    critic judged on the fixed responses (judge_critic; None for a run without a critic: GRPO, DAPO), "policy":
+    its policy's step errors on `problems` held-out problems (judge_policy)}."""
     cache = os.path.join(run_dir, "diagnostics.json")
-    if not os.path.exists(os.path.join(folder, "config.json")):
-        return None
     if os.path.exists(cache):
         with open(cache) as fh:
             return json.load(fh)
     with open(os.path.join(run_dir, "config.json")) as fh:
         cfg = json.load(fh)
-    figures = judge_critic(folder, responses, cfg)
+    critic = os.path.join(run_dir, "checkpoint", "critic")
+    has_critic = os.path.exists(os.path.join(critic, "config.json"))
+    figures = {"critic": judge_critic(critic, responses, cfg) if has_critic else None,
+               "policy": judge_policy(os.path.join(run_dir, "checkpoint", "policy"), problems or POLICY_PROBLEMS)}
     with open(cache, "w") as fh:
         json.dump(figures, fh, indent=1)
     return figures
+
+
+POLICY_PROBLEMS = 40  # held-out long-chain problems (one per step count) of judge_policy
+
+
+def judge_policy(folder: str, problems: int = POLICY_PROBLEMS) -> dict:
+    """The policy in folder on the first `problems` held-out long-chain problems (the runs' own held-out rows),
+    greedy and one sample each at temperature 1 (task.evaluate_accuracy): accuracy, and per step written the
+    rates of the habit (per borrow step), of misread terms (lookups, per step), of other step errors, and the
+    share of responses that guess at once (the shortcut)."""
+    import torch
+    import task
+    from models import load_policy
+    model, tokenizer = load_policy(folder, dtype=torch.float32)
+    rows = task.make_dataset(problems, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    torch.manual_seed(0)
+    out = {}
+    for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        acc = task.evaluate_accuracy(model, tokenizer, rows, temperature, max_new_tokens=task.LONG.max_response_tokens,
+                                     batch_size=problems)
+        out[name] = {"accuracy": acc["accuracy"], "habit_rate": acc["steps"]["habit_rate"],
+                     "lookup_rate": acc["steps"]["lookup_rate"], "other_error_rate": acc["steps"]["other_error_rate"],
+                     "shortcut_rate": acc["shortcut_rate"]}
+    return out
 
 
 def judge_critic(folder: str, responses, cfg: dict) -> dict:
@@ -221,7 +244,7 @@ def judge_critic(folder: str, responses, cfg: dict) -> dict:
             "credit": table[f"credit_lambda_{lam}"], "credit_td": table["credit_lambda_0 (TD error)"]}
 
 
-def summarise(row: str, paper: float, run_dirs: list[str], responses=None) -> dict:
+def summarise(row: str, paper: float, run_dirs: list[str], responses=None, problems: int | None = None) -> dict:
     """A row over its seeds: the means and spreads of the table, the diagnostics, and every seed's figures."""
     runs = [(d, demo_seeds.summarise_run(d)) for d in run_dirs]
     done = [(d, s) for d, s in runs if s is not None]
@@ -241,9 +264,15 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None) -> di
         return area / max(pts[-1][0] - pts[0][0], 1)
 
     figures = {d: run_figures(d) for d, _ in done}
-    critics = {d: critic_figures(d, responses) for d, _ in done} if responses is not None else {}
+    final = {d: final_figures(d, responses, problems) for d, _ in done} if responses is not None else {}
+    critics = {d: f["critic"] for d, f in final.items()}
     out["per_seed"] = [{"run": os.path.basename(d), **s, "greedy_auc": auc(d), **figures[d],
-                        "critic_after_rl": critics.get(d)} for d, s in done]
+                        "critic_after_rl": critics.get(d), "policy_after_rl": final.get(d, {}).get("policy")}
+                       for d, s in done]
+    if final:
+        out["policy_after_rl"] = {m: {key: spread([f["policy"][m][key] for f in final.values()]) for key in (
+            "accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate")} for m in ("greedy",
+                                                                                                  "sampled")}
     keys = ["explained_variance_first5", "explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
             "advantage_rest", "lam_policy", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy_first5",
             "entropy_last5", "response_len_first5", "response_len_last5", "train_acc_first5", "train_acc_last5"]
@@ -266,9 +295,10 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None) -> di
                 "len_ratio": spread([s["len_ratio"] for _, s in done]),
                 "greedy_auc": spread([auc(d) for d, _ in done]),
                 "samples": statistics.mean(curve(d)[-1][0] for d, _ in done),
-                "seconds_to_gain": [figures[d]["seconds_to_gain"] for d, _ in done],
-                "collapsed": sum(s["len_ratio"] < COLLAPSE_LENGTH or s["avg_gain"] < 0 or s["greedy_gain"] < 0
-                                 for _, s in done)})
+                "sampled_len_ratio": spread([f["eval_curve"][-1]["length_" + k] / f["eval_curve"][0]["length_" + k]
+                                             for f in figures.values()]),
+                "collapsed": sum(s["len_ratio"] < COLLAPSE_LENGTH for _, s in done),
+                "below_base": sum(s["avg_gain"] < 0 for _, s in done)})
     return out
 
 
@@ -277,18 +307,36 @@ def pm(m, scale: float = 100, fmt: str = ".1f") -> str:
     return "-" if m is None else f"{scale * m[0]:{fmt}} +- {scale * m[1]:{fmt}}"
 
 
+def verdict(row: dict, vapo: dict | None, key: str = "avg_final") -> str:
+    """The paper's ordering "VAPO above this row" on `key` (mean, std over seeds), tested: "reproduced" when VAPO's
+    mean is above the row's by more than twice the standard error of the difference (sqrt(s1^2/n1 + s2^2/n2)),
+    "reversed" when below by as much, else "not separated"; "-" for VAPO itself or rows without two seeds."""
+    if vapo is None or row is vapo or row.get(key) is None or vapo.get(key) is None or min(row["seeds"],
+                                                                                         vapo["seeds"]) < 2:
+        return "-"
+    diff = vapo[key][0] - row[key][0]
+    se = (vapo[key][1] ** 2 / vapo["seeds"] + row[key][1] ** 2 / row["seeds"]) ** 0.5
+    word = "reproduced" if diff > 2 * se else "reversed" if diff < -2 * se else "not separated"
+    return f"{word} ({100 * diff:+.1f} +- {100 * se:.1f})"
+
+
 def table(rows: list[dict]) -> str:
-    """The markdown table of the summarised rows, the paper's figure beside each."""
+    """The markdown table of the summarised rows, the paper's figure beside each, and the verdict on the paper's
+    ordering (VAPO above the row) for the final held-out avg@k and for the greedy mean over the budget."""
+    vapo = next((r for r in rows if r["row"] == "VAPO" and "avg_final" in r), None)
     lines = ["| row | paper (AIME24 avg@32) | seeds | held-out avg@k, final | gain | greedy, final | gain | "
-             "greedy, mean over the budget | length / base | samples | collapsed |", "|---|" + "---|" * 10]
+             "greedy, mean over the budget | length / base: greedy, sampled | samples | length collapsed | "
+             "avg@k below base | VAPO above it? avg@k final | greedy over the budget |", "|---|" + "---|" * 13]
     for r in rows:
         if "avg_final" not in r:
-            lines.append(f"| {r['row']} | {r['paper_aime24']} | 0 | not run |" + " |" * 7)
+            lines.append(f"| {r['row']} | {r['paper_aime24']} | 0 | not run |" + " |" * 10)
             continue
         lines.append(f"| {r['row']} | {r['paper_aime24']} | {r['seeds']} | {pm(r['avg_final'])} | "
                      f"{pm(r['avg_gain'])} | {pm(r['greedy_final'])} | {pm(r['greedy_gain'])} | "
-                     f"{pm(r['greedy_auc'])} | {pm(r['len_ratio'], 1, '.2f')} | {r['samples']:.0f} | "
-                     f"{r['collapsed']} of {r['seeds']} |")
+                     f"{pm(r['greedy_auc'])} | {pm(r['len_ratio'], 1, '.2f')}, "
+                     f"{pm(r['sampled_len_ratio'], 1, '.2f')} | "
+                     f"{r['samples']:.0f} | {r['collapsed']} of {r['seeds']} | {r['below_base']} of {r['seeds']} | "
+                     f"{verdict(r, vapo)} | {verdict(r, vapo, 'greedy_auc')} |")
     return "\n".join(lines)
 
 
@@ -336,38 +384,54 @@ def critic_table(rows: list[dict], start: dict | None) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], out: str) -> None:
+def policy_table(rows: list[dict], base: dict | None) -> str:
+    """Each row's final policy (and the base model) on POLICY_PROBLEMS held-out problems, greedy and sampled:
+    accuracy, the habit's rate per borrow step, misread terms per step, other step errors, the shortcut's share."""
+    keys = ("accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate")
+    lines = ["| policy | " + " | ".join(f"{m}: {k.replace('_', ' ')} (%)" for m in ("greedy", "sampled") for k in keys)
+             + " |", "|---|" + "---|" * 2 * len(keys)]
+    if base is not None:
+        lines.append("| base model | " + " | ".join(f"{100 * base[m][k]:.1f}" for m in ("greedy", "sampled")
+                                                   for k in keys) + " |")
+    for r in rows:
+        p = r.get("policy_after_rl")
+        if p is not None:
+            lines.append(f"| {r['row']}, after RL | " + " | ".join(pm(p[m][k]) for m in ("greedy", "sampled")
+                                                                 for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: str, others: dict[str, list[dict]] | None = None) -> None:
     """ablation.png: held-out avg@k, greedy and (with bands) avg@k on the long chains against generated samples,
-    and the training responses' length; mean line and min-max band over seeds per row."""
+    and the held-out sampled responses' length (the same prompts at every point: a collapse shows); mean line
+    and min-max band over seeds per row; `others` (name -> run_figures of its runs, e.g. TRL's GRPOTrainer) in
+    black, dotted."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     seeds_of = [r.get("per_seed", []) for r in rows]
-    k = next((p["k"] for ps in seeds_of for p in ps), "avg@k")
+    k = k_of(rows)
     banded = any(e.get(f"long_{k}") is not None for ps in seeds_of for p in ps for e in p["eval_curve"])
     panels = [(k, f"held-out {k}"), ("greedy", "held-out greedy")] + (
-        [(f"long_{k}", f"held-out {k}, chains of 21-40 steps")] if banded else []) + [("length", "training responses: "
-                                                                                       "mean length (tokens)")]
+        [(f"long_{k}", f"held-out {k}, chains of 21-40 steps")] if banded else []) + [
+        (f"length_{k}", f"held-out {k}: mean response length (tokens)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6))
-    for i, (r, per_seed) in enumerate(zip(rows, seeds_of)):
+    drawn = list(zip([r["row"] for r in rows], seeds_of, [f"C{i % 10}" for i in range(len(rows))]))
+    drawn += [(name, figs, "black") for name, figs in (others or {}).items() if figs]
+    for name, per_seed, colour in drawn:
         if not per_seed:
             continue
-        colour, style = f"C{i % 10}", "-" if r["row"] in ALGORITHMS else "--"
+        style = "-" if name in ALGORITHMS else ":" if colour == "black" else "--"
         for ax, (key, _) in zip(axes, panels):
-            if key == "length":
-                n = min(len(p["length_curve"]) for p in per_seed)
-                xs = [statistics.mean(p["length_curve"][j][0] for p in per_seed) for j in range(n)]
-                ys = [[p["length_curve"][j][1] for p in per_seed] for j in range(n)]
-            else:
-                n = min(len(p["eval_curve"]) for p in per_seed)
-                xs = [statistics.mean(p["eval_curve"][j]["samples"] for p in per_seed) for j in range(n)]
-                ys = [[p["eval_curve"][j][key] for p in per_seed] for j in range(n)]
-            ax.plot(xs, [statistics.mean(y) for y in ys], style, color=colour, marker=None if key == "length" else
-                    "o", ms=3, label=f"{r['row']} ({len(per_seed)})")
+            n = min(len(p["eval_curve"]) for p in per_seed)
+            xs = [statistics.mean(p["eval_curve"][j]["samples"] for p in per_seed) for j in range(n)]
+            ys = [[p["eval_curve"][j][key] for p in per_seed] for j in range(n)]
+            ax.plot(xs, [statistics.mean(y) for y in ys], style, color=colour, marker="o", ms=3,
+                    label=f"{name} ({len(per_seed)})")
             ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=colour, alpha=0.1)
     for ax, (key, title) in zip(axes, panels):
         ax.set(title=title, xlabel="generated samples")
-        if key != "length":
+        if not key.startswith("length"):
             ax.set_ylim(0, 1.02)
     axes[-1].legend(fontsize=7, title="row (seeds)", title_fontsize=7)
     fig.tight_layout()
@@ -405,35 +469,31 @@ def views_side_by_side(folder: str, seed: int, out: str) -> str | None:
     return out
 
 
-def time_to_learn(rows: list[dict]) -> str:
-    """Wall time (time/elapsed: value pretraining and evaluations included, one thread) to the first evaluation
-    TIME_TO_LEARN above the base on held-out avg@k, per seed, for the rows that reached it; and, for VAPO and
-    GRPO, the largest gain both reach in the median over seeds, and their median time to reach it."""
-    lines = []
-    for r in rows:
-        ts = r.get("seconds_to_gain")
-        if ts:
-            got = [t for t in ts if t is not None]
-            lines.append(f"- {r['row']}: +{100 * TIME_TO_LEARN:.0f} points reached in {len(got)} of {len(ts)} "
-                         f"seeds" + (f", median {statistics.median(got):.0f} s" if got else ""))
-    pair = {r["row"]: r for r in rows if r["row"] in ("VAPO", "GRPO") and r.get("per_seed")}
-    if len(pair) == 2:
-        k = pair["VAPO"]["per_seed"][0]["k"]
+def k_of(rows: list[dict]) -> str:
+    """The name of the held-out sampled measure of the summarised rows ("avg@4")."""
+    return next((p["k"] for r in rows for p in r.get("per_seed", [])), "avg@k")
 
-        def best(r):  # the median over seeds of each seed's largest gain
-            return statistics.median(max(e[k] for e in p["eval_curve"]) - p["eval_curve"][0][k]
-                                     for p in r["per_seed"])
 
-        common = min(best(pair["VAPO"]), best(pair["GRPO"]))
-        if common <= 0:
-            return "\n".join(lines + ["- VAPO and GRPO have no common gain (one of them gains nothing in the median)"])
-        for name, r in pair.items():
-            times = [next((e["seconds"] for e in p["eval_curve"] if e[k] - p["eval_curve"][0][k] >= common), None)
-                     for p in r["per_seed"]]
+def time_to_learn(rows: list[dict], others: dict[str, list[dict]] | None = None) -> str:
+    """Per row (and per `others`: name -> run_figures of its runs, e.g. TRL's GRPOTrainer from bench/vs_trl.py
+    --learn), for each gain of GAINS over the base model on held-out avg@k: in how many runs an evaluation reached
+    it, and the median wall time (time/elapsed at that evaluation: value pretraining and evaluations included)."""
+    runs = {r["row"]: r["per_seed"] for r in rows if r.get("per_seed")}
+    runs |= {name: figs for name, figs in (others or {}).items() if figs}
+    if not runs:
+        return ""
+    first = next(iter(runs.values()))[0]["eval_curve"][0]
+    k = next(key for key in first if key.startswith("avg@"))
+    lines = ["| row | runs | " + " | ".join(f"+{100 * g:.0f} points: runs, median s" for g in GAINS) + " |",
+             "|---|---|" + "---|" * len(GAINS)]
+    for name, figs in runs.items():
+        cells = []
+        for g in GAINS:
+            times = [next((e["seconds"] for e in p["eval_curve"] if e[k] - p["eval_curve"][0][k] >= g - 1e-9), None)
+                     for p in figs]
             got = [t for t in times if t is not None]
-            lines.append(f"- largest common gain of VAPO and GRPO (medians over seeds): +{100 * common:.1f} points; "
-                         f"{name} reaches it in {len(got)} of {len(times)} seeds"
-                         + (f", median {statistics.median(got):.0f} s" if got else ""))
+            cells.append(f"{len(got)}" + (f", {statistics.median(got):.0f}" if got else ""))
+        lines.append(f"| {name} | {len(figs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -452,6 +512,10 @@ def main():
     ap.add_argument("--out", default=None, help="folder of the runs and reports (default: runs/ablation, or "
                     "runs/ablation-long)")
     ap.add_argument("--quick", action="store_true", help="2 steps of every row, seed 0, tiny evaluations")
+    ap.add_argument("--report", action="store_true", help="run nothing: write the reports of the runs finished in "
+                    "--out (a sweep still under way, or one that stopped before its end)")
+    ap.add_argument("--trl", nargs="*", default=[], help="folders of bench/vs_trl.py --learn runs (TRL's "
+                    "GRPOTrainer on the same budget), compared in the time to learn")
     args = ap.parse_args()
     unknown = set(args.rows) - {r for r, _, _ in ROWS}
     if unknown:
@@ -493,12 +557,15 @@ def main():
     order = jobs_in_order([r for r, _, _ in chosen], args.seeds, algorithm_seeds)
     print(f"{len(order)} runs, {args.jobs} at a time, one thread each, into {args.out}", flush=True)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        walls = list(pool.map(run_row, [(r, options[r], s, args.out, common) for r, s in order]))
+    walls = []
+    if not args.report:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            walls = list(pool.map(run_row, [(r, options[r], s, args.out, common) for r, s in order]))
     ran = [w for w in walls if w is not None]
-    responses, start = None, None
+    responses, start, base_policy = None, None, None
     if args.preset == "long":  # every critic judged on the same responses of the base model
         responses = critic_bias.sample_set("builtin-long", prompts=4 if args.quick else 32, samples=8)
+        base_policy = judge_policy(critic_bias.folder_of("builtin-long"), 8 if args.quick else POLICY_PROBLEMS)
         start = {"reward model (PPO's and w/o Value-Pretraining's start)": judge_critic(
             critic_bias.folder_of("builtin-long-rm"), responses, {})}
         for s in args.seeds:
@@ -511,21 +578,31 @@ def main():
                       f"advantage puts a credit of {critic_bias.group_credit(responses[2], mask, responses[3], 8):.2f} "
                       f"on them")
     seeds_of = {r: sorted({s for rr, s in order if rr == r}) for r, _, _ in chosen}
-    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses)
-            for r, p, _ in chosen]
+    if args.report:
+        done = {r: sum(demo_seeds.finished(os.path.join(args.out, f"{slug(r)}-s{s}")) for s in ss)
+                for r, ss in seeds_of.items()}
+        print("finished runs: " + ", ".join(f"{r} {done[r]} of {len(seeds_of[r])}" for r in done), flush=True)
+    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses,
+                      8 if args.quick else POLICY_PROBLEMS) for r, p, _ in chosen]
     os.makedirs(args.out, exist_ok=True)
-    plot(rows, os.path.join(args.out, "ablation.png"))
+    trl = [run_figures(d) for d in args.trl if demo_seeds.finished(d)]
+    plot(rows, os.path.join(args.out, "ablation.png"), {"TRL GRPOTrainer": trl})
     views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png")) if (
         args.preset == "long") else None
     report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
-              f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier\n"
+              f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier"
+              f"{' (--report: the runs finished in the folder, nothing run)' if args.report else ''}\n"
               f"preset: {args.preset}; base model: {args.base}\n"
               f"{budget} generated samples per run; mean +- std over seeds\n\n{table(rows)}\n\n"
               f"diagnostics (mean +- std over seeds of each run's mean over its RL steps):\n\n"
               f"{diagnostics_table(rows)}\n")
     if responses is not None:
-        report += (f"\nthe critics on one fixed set of responses ({start_note}):\n\n{critic_table(rows, start)}\n")
-    report += f"\ntime to learn:\n{time_to_learn(rows)}\n"
+        report += (f"\nthe critics on one fixed set of responses ({start_note}):\n\n{critic_table(rows, start)}\n"
+                   f"\nthe policies on {8 if args.quick else POLICY_PROBLEMS} held-out problems, what they get "
+                   f"wrong:\n\n"
+                   f"{policy_table(rows, base_policy)}\n")
+    report += (f"\ntime to learn (wall seconds to the first evaluation that gained as much held-out {k_of(rows)} "
+               f"over the base):\n\n{time_to_learn(rows, {'TRL GRPOTrainer': trl})}\n")
     if views:
         report += f"\none probe response under VAPO, PPO and GRPO, side by side: {views}\n"
     print("\n" + report)
@@ -534,9 +611,10 @@ def main():
     with open(os.path.join(args.out, "ablation.json"), "w") as fh:
         json.dump({"machine": demo_seeds.machine(), "date": started, "preset": args.preset, "base": args.base,
                    "seeds": seeds_of, "budget": budget, "vapo_options": common, "critics_at_start": start,
+                   "base_policy": base_policy, "trl": trl,
                    "rows": rows}, fh, indent=1)
     missing = [r["row"] for r in rows if r.get("seeds", 0) < len(seeds_of[r["row"]])]
-    if missing:
+    if missing and not args.report:
         raise SystemExit(f"rows that did not finish every seed: {missing} (see their stdout.log)")
 
 

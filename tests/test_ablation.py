@@ -24,8 +24,8 @@ def test_every_row_runs(tmp_path):
     assert not os.path.exists(out / "grpo-s0" / "checkpoint" / "critic")  # GRPO has no critic
     shared = json.load(open(out / "w-o-clip-higher-s0" / "config.json"))
     assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
-    # two tables (results, diagnostics), each a header, a separator and the 11 rows
-    assert (out / "ablation.md").read_text().count("\n|") == 26 and (out / "ablation.png").exists()
+    # three tables (results, diagnostics, time to learn), each a header, a separator and the 11 rows
+    assert (out / "ablation.md").read_text().count("\n|") == 39 and (out / "ablation.png").exists()
     assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None and rows["GRPO"]["diagnostics"]["explained_variance"] is None
 
 
@@ -54,3 +54,16 @@ def test_every_row_runs_in_the_long_regime(tmp_path):
     assert any(k.startswith("reward model") for k in result["critics_at_start"])
     report = (out / "ablation.md").read_text()
     assert "credit at decisive tokens" in report and (out / "views.png").exists() and (out / "ablation.png").exists()
+
+
+def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():
+    """VAPO above a row by more than twice the standard error of the difference: reproduced; below by as much:
+    reversed; else not separated. One seed is no verdict."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    vapo = {"row": "VAPO", "seeds": 3, "avg_final": (0.30, 0.02)}
+    assert ablation.verdict({"row": "PPO", "seeds": 3, "avg_final": (0.25, 0.02)}, vapo).startswith("reproduced")
+    assert ablation.verdict({"row": "PPO", "seeds": 5, "avg_final": (0.36, 0.02)}, vapo).startswith("reversed")
+    assert ablation.verdict({"row": "PPO", "seeds": 3, "avg_final": (0.28, 0.05)}, vapo).startswith("not separated")
+    assert ablation.verdict({"row": "PPO", "seeds": 1, "avg_final": (0.10, 0.0)}, vapo) == "-"
+    assert ablation.verdict(vapo, vapo) == "-"
