@@ -158,7 +158,8 @@ def run_figures(run_dir: str) -> dict:
 
     out = {k: mean(k, steps) for k in ("explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
                                        "advantage_rest", "lam_policy", "clip_frac", "clip_frac_low",
-                                       "clip_frac_high", "approx_kl", "entropy", "response_len", "train_acc")}
+                                       "clip_frac_high", "approx_kl", "entropy", "response_len", "train_acc",
+                                       "groups_all_same")}
     for k in ("entropy", "response_len", "train_acc", "explained_variance"):
         out[f"{k}_first5"], out[f"{k}_last5"] = mean(k, steps[:5]), mean(k, steps[-5:])
     k = next(key for key in evals[0] if key.startswith("eval/acc_avg@")).removeprefix("eval/acc_")
@@ -275,7 +276,8 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None, probl
                                                                                                   "sampled")}
     keys = ["explained_variance_first5", "explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
             "advantage_rest", "lam_policy", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy_first5",
-            "entropy_last5", "response_len_first5", "response_len_last5", "train_acc_first5", "train_acc_last5"]
+            "entropy_last5", "response_len_first5", "response_len_last5", "train_acc_first5", "train_acc_last5",
+            "groups_all_same"]
     out["diagnostics"] = {key: spread([figures[d][key] for d, _ in done]) for key in keys}
     k = done[0][1]["k"]
     long_gain = [None if f["long_chains"][k][0] is None else f["long_chains"][k][1] - f["long_chains"][k][0]
@@ -345,7 +347,8 @@ DIAGNOSTICS = [  # (key, header, scale, format)
     ("ev_first_tenth", "EV, first tenth", 1, ".2f"), ("ev_rest", "EV, rest", 1, ".2f"),
     ("advantage_first_tenth", "raw A, first tenth", 1, ".3f"), ("advantage_rest", "raw A, rest", 1, ".3f"),
     ("lam_policy", "lambda_policy", 1, ".3f"), ("clip_frac_low", "clipped low (%)", 100, ".2f"),
-    ("clip_frac_high", "clipped high (%)", 100, ".2f"), ("entropy_first5", "entropy, first 5", 1, ".3f"),
+    ("clip_frac_high", "clipped high (%)", 100, ".2f"), ("groups_all_same", "groups all alike (%)", 100, ".0f"),
+    ("entropy_first5", "entropy, first 5", 1, ".3f"),
     ("entropy_last5", "entropy, last 5", 1, ".3f"), ("response_len_first5", "length, first 5", 1, ".0f"),
     ("response_len_last5", "length, last 5", 1, ".0f"), ("short_gain", "held-out 1-10 steps, gain", 100, ".1f"),
     ("long_gain", "held-out 21-40 steps, gain", 100, ".1f")]
@@ -355,7 +358,8 @@ def diagnostics_table(rows: list[dict]) -> str:
     """What the techniques act on, per row (mean +- std over seeds of each run's mean over its RL steps, or its
     first / last 5 steps): the critic's explained variance (all tokens, the first tenth of each response, the
     rest), the raw advantage on the first tenth and the rest, lambda_policy, the clipped share of tokens at each
-    bound, entropy and response length early and late, the held-out avg@k gain on short and on long chains."""
+    bound, the share of groups whose samples all got the same reward (no signal under a group baseline), entropy
+    and response length early and late, the held-out avg@k gain on short and on long chains."""
     lines = ["| row | " + " | ".join(h for _, h, _, _ in DIAGNOSTICS) + " |", "|---|" + "---|" * len(DIAGNOSTICS)]
     for r in rows:
         d = r.get("diagnostics")
