@@ -730,9 +730,10 @@ def group_all_same(scores: torch.Tensor, G: int) -> float:
     return batch_mean((groups == groups[:, :1]).all(1))
 
 
-# Logged figures that are NaN by definition when undefined (not a fault): explained variance when every return
-# is the same (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
-UNDEFINED_AS_NAN = ("explained_variance", "groups_all_same")
+# Logged figures that are NaN by definition when undefined (not a fault): explained variance (overall, on the
+# first tenth of responses, on the rest) when every return there is the same (Var[R] = 0), groups_all_same without
+# groups (G = 1). Every other logged number is finite.
+UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same")
 
 
 # ==================================================================================================================

@@ -32,7 +32,7 @@ band of step counts), ablation.json (every row and every seed) and ablation.png 
 length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
 rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
 sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
-docs/ablation.md has its table and the long chains' and what they show.
+docs/ablation.md has its table and what it shows, docs/ablation-long.md the long chains'.
 """
 from __future__ import annotations
 
@@ -176,8 +176,8 @@ def run_figures(run_dir: str) -> dict:
         if "eval/acc_greedy" in r:
             eval_curve.append({"samples": generated, "seconds": r["time/elapsed"], k: r[f"eval/acc_{k}"],
                                "greedy": r["eval/acc_greedy"], "long_" + k: long_band(r, k),
-                               "length_greedy": r["eval/response_len_greedy"],
-                               "length_" + k: r[f"eval/response_len_{k}"]})
+                               "length_greedy": r.get("eval/response_len_greedy"),
+                               "length_" + k: r.get(f"eval/response_len_{k}")})
     out["length_curve"], out["eval_curve"] = length_curve, eval_curve
     return out
 

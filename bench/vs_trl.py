@@ -78,7 +78,7 @@ Writes into --out (a folder; an earlier run there is replaced only with --overwr
 - config.json: "steps" (rollouts) and "max_samples" (the budget) as vapo.py's config has them, the shapes, the
   evaluation's options, and TRL's GRPOConfig as it ran; trl_log_history.json: TRL's own logged metrics;
 - learn.json: the machine, the date, the versions, the evaluations, and per gain of --gains (held-out avg@k above
-  the base model's, as bench/ablation.py's TIME_TO_LEARN) the first evaluation that reached it: its generated
+  the base model's, as bench/ablation.py's GAINS) the first evaluation that reached it: its generated
   samples and time/elapsed, or null.
 
 What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
@@ -424,7 +424,7 @@ def phase_lines(summary: dict) -> list[str]:
 
 
 # --- time to learn (--learn) ----------------------------------------------------------------------------------
-GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains reported by default (bench/ablation.py's TIME_TO_LEARN: 0.20)
+GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains reported by default (bench/ablation.py's: 0.05, 0.10, 0.20)
 # --learn --tiny: TINY's shapes with 48 new tokens (room for a short chain's answer, as bench/ablation.py --quick
 # has for long), for 2 rollouts, evaluated after each on 4 held-out prompts: a check that it runs
 LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4)
