@@ -1,0 +1,191 @@
+"""Benchmark: why RL breaks the lookups in `--preset long`, lever by lever, judged on a validation split.
+
+    python bench/long_study.py --tier 1 --jobs 2          # the tier's runs, two one-thread processes at a time
+    python bench/long_study.py --report                   # the table of every finished run, nothing run
+
+The grid is fixed here before any of its results were seen, and every point is reported, the losers included.
+Each run is `python vapo.py --preset long --seed S` with the point's options, trained as the preset trains but
+with no held-out evaluation on the way (the docs' held-out set plays no part in choosing settings). Its final
+policy, and the base model once, are judged on a **validation split drawn from the training distribution**:
+problems of the train split (task.split_of) from a seed no run trains on, less any prompt the run itself drew.
+Per run: greedy accuracy, avg@k (k samples at temperature 1, top-p 1, as the preset evaluates), and per step
+written the misread-term rate (lookups), the habit rate (per borrow step) and the other slips, greedy and sampled;
+the clipped shares of tokens at each bound and the approximate KL over the run, from its metrics.jsonl.
+
+Tiers (run in order; a later tier's centre is the earlier tier's best point on validation greedy accuracy, among
+the points whose validation misread rate is at most the base model's plus 2 points, else the best overall):
+- tier 1, the actor's step size and the off-policy degree: actor_lr {1.5e-4 (the preset), 5e-5, 1.5e-5} x
+  mini-batch {32 (2 optimizer steps per rollout, the preset), 4 (16, the paper's)};
+- tier 2, around tier 1's best: mini-batch 8 (8 steps per rollout), 2 PPO epochs, critic_lr 3e-4, a KL term to the
+  initial policy (kl_coef 0.01), one at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import demo_seeds  # noqa: E402  (bench/demo_seeds.py: run_vapo, finished, machine)
+
+SEEDS = (0, 1, 2)
+VALIDATION_PROBLEMS = 256
+VALIDATION_SEED = 777_001  # a train-split seed no run trains on (the trainer's rows use --seed, 0-4 here)
+VALIDATION_SAMPLES = 2  # k of the validation avg@k
+TRAIN_ARGS = ["--preset", "long", "--eval-every", "0", "--eval-prompts", "16", "--eval-samples", "1",
+              "--no-token-views", "--save-every", "0"]
+TIER1 = {f"lr{lr}-mb{mb}": ["--actor-lr", lr, "--mini-batch-size", str(mb)]
+         for lr in ("1.5e-4", "5e-5", "1.5e-5") for mb in (32, 4)}
+TIER2_LEVERS = {"mb8": ["--mini-batch-size", "8"], "epochs2": ["--ppo-epochs", "2"],
+                "critic3e-4": ["--critic-lr", "3e-4"], "kl0.01": ["--kl-coef", "0.01"]}
+
+
+def drawn_prompts(seed: int, cfg: dict) -> set[str]:
+    """The expressions a run with this seed and config drew (its RL steps and its value pretraining)."""
+    import data
+    import task
+    rows = task.make_dataset(20000, seed, task.LONG.min_steps, task.LONG.max_steps, split="train")
+    n = cfg["prompts_per_step"]
+    drawn = {p["expr"] for s in range(cfg["steps"]) for p in data.prompt_batch(rows, s, n, seed)}
+    drawn |= {p["expr"] for s in range(cfg["value_pretrain_steps"]) for p in data.prompt_batch(rows, s, n, seed + 1)}
+    return drawn
+
+
+def validation_rows(exclude: set[str]) -> list[dict]:
+    """VALIDATION_PROBLEMS train-split problems (all step counts equally) whose expressions are not in exclude."""
+    import task
+    pool = task.make_dataset(4 * VALIDATION_PROBLEMS, VALIDATION_SEED, task.LONG.min_steps, task.LONG.max_steps,
+                             split="train")
+    rows = [p for p in pool if p["expr"] not in exclude][:VALIDATION_PROBLEMS]
+    assert len(rows) == VALIDATION_PROBLEMS, "validation pool too small"
+    return rows
+
+
+def judge(folder: str, rows: list[dict]) -> dict:
+    """Greedy and sampled accuracy and step-error rates of the policy in folder on rows."""
+    import torch
+    import task
+    from models import load_policy
+    model, tokenizer = load_policy(folder, dtype=torch.float32)
+    torch.manual_seed(0)
+    out = {}
+    for name, temperature, k in (("greedy", 0.0, 1), ("sampled", 1.0, VALIDATION_SAMPLES)):
+        acc = task.evaluate_accuracy(model, tokenizer, rows, temperature, samples=k,
+                                     max_new_tokens=task.LONG.max_response_tokens, batch_size=128)
+        out[name] = {"accuracy": acc["accuracy"], "lookup_rate": acc["steps"]["lookup_rate"],
+                     "habit_rate": acc["steps"]["habit_rate"], "other_error_rate": acc["steps"]["other_error_rate"],
+                     "shortcut_rate": acc["shortcut_rate"], "mean_tokens": acc["mean_tokens"]}
+    return out
+
+
+def run_figures(run_dir: str) -> dict:
+    """Means over the RL steps of the clipped shares at each bound and the approximate KL (metrics.jsonl)."""
+    steps = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r for r in steps if "train_acc" in r and "step" in r]
+
+    def mean(key):
+        vals = [r[key] for r in steps if key in r]
+        return statistics.fmean(vals) if vals else None
+    return {k: mean(k) for k in ("clip_frac_low", "clip_frac_high", "approx_kl", "explained_variance")}
+
+
+def judged(out: str, name: str, seed: int, args: list[str]) -> dict | None:
+    """Train (unless finished) and judge one (point, seed); the judgement is cached in its folder."""
+    run_dir = os.path.join(out, f"{name}-s{seed}")
+    path = os.path.join(run_dir, "validation.json")
+    if os.path.exists(path):
+        return json.load(open(path))
+    demo_seeds.run_vapo(f"{name} seed {seed}", [*TRAIN_ARGS, "--seed", str(seed), *args, "--output-dir", run_dir],
+                        run_dir)
+    if not demo_seeds.finished(run_dir):
+        return None
+    cfg = json.load(open(os.path.join(run_dir, "config.json")))
+    result = {"point": name, "seed": seed, "args": args,
+              "validation": judge(os.path.join(run_dir, "checkpoint", "policy"), validation_rows(drawn_prompts(seed, cfg))),
+              "run": run_figures(run_dir)}
+    json.dump(result, open(path, "w"), indent=1)
+    return result
+
+
+def base_judgement(out: str) -> dict:
+    """The base model on the validation split (less seed 0's drawn prompts, as its runs'), cached."""
+    path = os.path.join(out, "base.json")
+    if not os.path.exists(path):
+        import critic_bias
+        cfg = {"prompts_per_step": 8, "steps": 40, "value_pretrain_steps": 20}
+        os.makedirs(out, exist_ok=True)
+        json.dump(judge(critic_bias.folder_of("builtin-long"), validation_rows(drawn_prompts(0, cfg))),
+                  open(path, "w"), indent=1)
+    return json.load(open(path))
+
+
+def pick(results: list[dict], base: dict) -> str:
+    """The tiers' rule: best mean validation greedy among points with misread <= base + 2 points, else best."""
+    points = {}
+    for r in results:
+        points.setdefault(r["point"], []).append(r)
+    mean = lambda rs, key, field: statistics.fmean(r["validation"][key][field] for r in rs)  # noqa: E731
+    ok = [p for p, rs in points.items() if mean(rs, "greedy", "lookup_rate") <= base["greedy"]["lookup_rate"] + 0.02]
+    return max(ok or points, key=lambda p: mean(points[p], "greedy", "accuracy"))
+
+
+def table(results: list[dict], base: dict) -> str:
+    """Markdown: one row per point, mean +- std over seeds of each figure, the base model first."""
+    def cell(vals, pct=True):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "-"
+        m = statistics.fmean(vals) * (100 if pct else 1)
+        s = (statistics.stdev(vals) * (100 if pct else 1)) if len(vals) > 1 else 0.0
+        return f"{m:.1f} +- {s:.1f}" if pct else f"{m:.2g} +- {s:.1g}"
+    head = ("| point | seeds | greedy % | avg@2 % | misread % (greedy) | misread % (sampled) | habit % (sampled) "
+            "| clip low % | clip high % | approx KL |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    b = base
+    lines = [f"| base model | - | {100 * b['greedy']['accuracy']:.1f} | {100 * b['sampled']['accuracy']:.1f} | "
+             f"{100 * b['greedy']['lookup_rate']:.1f} | {100 * b['sampled']['lookup_rate']:.1f} | "
+             f"{100 * b['sampled']['habit_rate']:.1f} | - | - | - |"]
+    points = {}
+    for r in results:
+        points.setdefault(r["point"], []).append(r)
+    for p, rs in points.items():
+        v = lambda key, field: [r["validation"][key][field] for r in rs]  # noqa: E731
+        f = lambda key: [r["run"][key] for r in rs]  # noqa: E731
+        lines.append(f"| {p} | {len(rs)} | {cell(v('greedy', 'accuracy'))} | {cell(v('sampled', 'accuracy'))} | "
+                     f"{cell(v('greedy', 'lookup_rate'))} | {cell(v('sampled', 'lookup_rate'))} | "
+                     f"{cell(v('sampled', 'habit_rate'))} | {cell(f('clip_frac_low'))} | "
+                     f"{cell(f('clip_frac_high'))} | {cell(f('approx_kl'), pct=False)} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/long-study")
+    parser.add_argument("--tier", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--report", action="store_true", help="only the table of the finished runs")
+    args = parser.parse_args()
+    base = base_judgement(args.out)
+    done = lambda: [json.load(open(os.path.join(args.out, d, "validation.json")))  # noqa: E731
+                    for d in sorted(os.listdir(args.out)) if os.path.exists(os.path.join(args.out, d, "validation.json"))]
+    if not args.report:
+        if args.tier == 1:
+            grid = TIER1
+        else:
+            centre = pick([r for r in done() if r["point"] in TIER1], base)
+            grid = {f"{centre}+{lever}": [*TIER1[centre], *extra] for lever, extra in TIER2_LEVERS.items()}
+        jobs = [(name, seed, a) for seed in args.seeds for name, a in grid.items()]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda j: judged(args.out, *j), jobs))
+    report = (f"Validation split: {VALIDATION_PROBLEMS} train-split problems (seed {VALIDATION_SEED}), "
+              f"greedy and avg@{VALIDATION_SAMPLES}; {demo_seeds.machine()}\n\n" + table(done(), base))
+    open(os.path.join(args.out, "study.md"), "w").write(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
