@@ -158,8 +158,9 @@ class PreallocatedLayer(DynamicLayer):
     (compaction) copy only the filled columns.
 
     dtype: what the cache stores. Under bf16 autocast with float32 weights, rotary embeddings hand K over in float32
-    and DynamicLayer promotes V to it (24 KB a token at Qwen2.5-0.5B); attention casts both to bf16 at every step
-    anyway, so storing bf16 holds the same numbers in half the memory. None: the dtype of the first keys.
+    and transformers' DynamicLayer keeps it so (V too in transformers 5.17 and 5.19: 24 KB a token at
+    Qwen2.5-0.5B; V in bf16 in 5.24: 18 KB); attention casts both to bf16 at every step anyway, so storing bf16
+    holds the same numbers in half the memory (12 KB), whatever the release. None: the dtype of the first keys.
     """
 
     def __init__(self, capacity: int, dtype: torch.dtype | None = None):
@@ -336,9 +337,9 @@ def kv_cache_bytes_per_token(model, autocast=None, preallocate: bool = True) -> 
     `autocast` (the trainer's, e.g. vapo.autocast(cfg, device)) into the cache `sample` uses (preallocate=False:
     transformers' own), the filled part of its tensors summed, divided by 2.
 
-    Under bf16 autocast with float32 weights (--bf16), transformers' cache holds K and V in float32 (rotary
-    embeddings return K in float32, its concatenation promotes V): 24 KB per token at Qwen2.5-0.5B's shape. The
-    sampler's PreallocatedLayer stores the autocast dtype, bf16: 12 KB (tests/test_rollout.py)."""
+    Under bf16 autocast with float32 weights (--bf16), transformers' cache holds K in float32 (rotary embeddings
+    return it so) and V in float32 (5.17, 5.19) or bf16 (5.24): 24 or 18 KB per token at Qwen2.5-0.5B's shape.
+    The sampler's PreallocatedLayer stores the autocast dtype, bf16: 12 KB (tests/test_rollout.py)."""
     device = next(model.parameters()).device
     ids = torch.zeros((1, 2), dtype=torch.long, device=device)
     with autocast if autocast is not None else contextlib.nullcontext():
@@ -587,7 +588,8 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
                  top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
                  dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None,
                  device: torch.device | str = "cpu", tensor_parallel: int = 1):
-        """device: the trainer's device (cuda:N puts the engine on GPU N, beside the policy it is synced from);
+        """device: the trainer's device, where the engine runs beside the policy it is synced from (one process:
+        cuda or cuda:0 only, see check_vllm_device; a sharded run: each process's own GPU);
         dtype: the engine's weights and KV cache (bfloat16 under --bf16: the trainer's forwards run in bf16 then,
         and a float32 engine would double the KV cache and leave the fast attention kernels).
         tensor_parallel: processes per engine (distributed only). Each group of that many consecutive ranks of
@@ -612,15 +614,15 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
         self.eos_ids = list(eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        self.weights_dtype = dtype  # what sync_engine casts the policy's weights to before gathering them
         self.sleep_enabled = sleep and self.on_gpu
         self.asleep = False
         kwargs = dict(model=folder, tokenizer=folder, dtype=str(dtype).removeprefix("torch."), seed=seed,
                       max_model_len=max_model_len, enforce_eager=not self.on_gpu, logprobs_mode="processed_logprobs",
                       enable_prefix_caching=True)
         if self.on_gpu:
+            check_vllm_device(self.device, distributed)
             kwargs |= dict(gpu_memory_utilization=memory, enable_sleep_mode=self.sleep_enabled)
-            if self.device.index is not None:  # vLLM builds its in-process engine on the current CUDA device
-                torch.cuda.set_device(self.device)
         self.tensor_parallel, self.group = tensor_parallel, None
         if tensor_parallel > 1 and not distributed:
             raise SystemExit("--vllm-tp > 1 needs several processes (accelerate launch scale/train.py)")
@@ -647,14 +649,25 @@ engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap
     def load_weights(self, named_tensors):
         """Write (name, full tensor) pairs into the engine, streamed one tensor at a time (a generator: with a
         sharded policy each tensor is gathered just before it is written, so no process ever holds the whole
-        model twice), then reset the prefix cache (cached prompt states were computed with the old weights)."""
+        model twice), then reset the prefix cache (cached prompt states were computed with the old weights).
+
+        Asleep, torch's cache is emptied before each wake-up: vLLM maps fresh device memory when it wakes, and
+        torch's caching allocator would otherwise still hold the update's peak (logits, activations) that it
+        freed but did not hand back, and the wake-up would run out of memory (TRL empties it before wake_up as
+        well; verl before both resumes)."""
         if self.asleep:
+            self._empty_cache()
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         if self.asleep:
+            self._empty_cache()  # the gathered tensors of the sync, freed by now
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+
+    def _empty_cache(self):
+        if self.on_gpu:
+            torch.cuda.empty_cache()
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
                  max_new_tokens: int | None = None, seed: int | None = None, batch_size: int | None = None) -> Rollout:
@@ -743,6 +756,26 @@ def rollout_from_tokens(prompts: list[list[int]], responses: list[list[int]], lo
 # --- making and syncing a run's engine ----------------------------------------------------------------------
 HF_ENGINE_MAX_PARAMS = 2e9  # a sharded run's HF engine holds a whole float32 copy per process: refused above this
 ENGINE_HEADROOM_BYTES = 2e9  # kept free beside a vLLM engine: CUDA context, NCCL buffers, the allocator's slack
+VLLM_PROMPT_TOKENS = 2048  # a vLLM engine's room for the prompt: max_model_len = this + max_new_tokens (our choice)
+
+
+def vllm_max_model_len(max_new_tokens: int, model_config) -> int:
+    """vLLM's max_model_len for a run: the longest response and VLLM_PROMPT_TOKENS of prompt, capped at the
+    model's max_position_embeddings. vLLM refuses a prompt that fills it and stops a response early where prompt +
+    response reach it, so run.check_prompt_room refuses, at load, any prompt longer than this less max_new_tokens."""
+    return min(max_new_tokens + VLLM_PROMPT_TOKENS, getattr(model_config, "max_position_embeddings", None) or 1 << 30)
+
+
+def check_vllm_device(device: torch.device, distributed: bool):
+    """One process's vLLM engine runs on GPU 0 whatever --device says: its device config is the bare "cuda" (vLLM's
+    in-process executor takes the local rank from the index of that, 0, and its worker then makes cuda:0 the
+    current device, the trainer's too), so --device cuda:N with N > 0 would put the engine on GPU 0 with a share
+    sized from GPU N's free memory. SystemExit saying how to pick the GPU instead. A sharded run's engines follow
+    LOCAL_RANK, as its processes do."""
+    if not distributed and device.type == "cuda" and device.index not in (None, 0):
+        raise SystemExit(f"--device {device} --engine vllm: a vLLM engine in one process runs on the first visible "
+                         f"GPU, not on GPU {device.index}; pick the GPU with CUDA_VISIBLE_DEVICES={device.index} and "
+                         f"--device cuda")
 
 
 def make_engine(cfg, policy, tokenizer, parallel, critic=None):
@@ -754,19 +787,18 @@ def make_engine(cfg, policy, tokenizer, parallel, critic=None):
     (else the policy's dtype), its memory share cut to what is free on a GPU (engine_memory_share).
     parallel: vapo.parallel (its rank seeds each process's engine); critic: for the memory the trainer keeps."""
     if cfg.engine == "vllm":
-        memory = cfg.vllm_memory
+        memory, max_model_len = cfg.vllm_memory, vllm_max_model_len(cfg.max_new_tokens, policy.config)
         if policy.device.type == "cuda":
+            check_vllm_device(policy.device, parallel.world_size > 1)
             free, total = torch.cuda.mem_get_info(policy.device)
-            adamw = 8 * sum(_local_numel(p) for m in (policy, critic) if m is not None for p in m.parameters())
-            memory = engine_memory_share(cfg.vllm_memory, free, total, adamw)
+            memory = engine_memory_share(cfg.vllm_memory, free, total,
+                                         trainer_reserve_bytes(policy, critic))
         return VLLMEngine(policy.name_or_path, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
                           max_new_tokens=cfg.max_new_tokens,
                           temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank // cfg.vllm_tp,
                           memory=memory, sleep=cfg.vllm_sleep, tensor_parallel=cfg.vllm_tp,
                           dtype=torch.bfloat16 if cfg.bf16 else policy.dtype, device=policy.device,
-                          distributed=parallel.world_size > 1,
-                          max_model_len=min(cfg.max_new_tokens + 2048,  # a long prompt and the longest response
-                                            getattr(policy.config, "max_position_embeddings", None) or 1 << 30))
+                          distributed=parallel.world_size > 1, max_model_len=max_model_len)
     if parallel.world_size == 1:
         return HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         top_p=cfg.top_p)
@@ -785,22 +817,50 @@ def _local_numel(tensor: torch.Tensor) -> int:
     return tensor.to_local().numel() if hasattr(tensor, "to_local") else tensor.numel()
 
 
+def trainer_reserve_bytes(policy, critic) -> int:
+    """What the trainer allocates after the engine has started and holds while the engine is awake, in bytes
+    (this process's shares; an estimate, documented here, that engine_memory_share keeps free):
+        AdamW moments of both models                              8 B x parameters
+    Not counted: the RL update (the engine sleeps through it: scoring and the update run after engine.sleep()),
+    value pretraining's critic update and the teaching views' scoring (vapo.pretrain_value and run.TokenViews put
+    the engine to sleep around them: engine_asleep), evaluation (it samples with the engine). Gradients are freed
+    after every optimizer step."""
+    numel = lambda m: sum(_local_numel(p) for p in m.parameters()) if m is not None else 0  # noqa: E731
+    return 8 * (numel(policy) + numel(critic))
+
+
 def engine_memory_share(requested: float, free: int, total: int, reserve: int) -> float:
     """vLLM's gpu_memory_utilization for an engine started beside a trainer: the share of the device's `total`
     bytes it may take, at most `requested` and at most what is `free` now less `reserve` (what the trainer
-    allocates later and keeps while the engine is awake: its AdamW states) and ENGINE_HEADROOM_BYTES. vLLM refuses
+    allocates later and keeps while the engine is awake: trainer_reserve_bytes) and ENGINE_HEADROOM_BYTES. vLLM refuses
     to start when the share asks for more than is free; a trainer whose shards already hold memory gets a smaller
     engine, and the log says so. SystemExit when not even 2% of the device is left."""
     room = (free - reserve - ENGINE_HEADROOM_BYTES) / total
     if room < 0.02:
         raise SystemExit(f"--engine vllm: no room for the engine: {free / 1e9:.1f} of {total / 1e9:.1f} GB free on "
-                         f"the device, {reserve / 1e9:.1f} GB kept for the trainer's optimizer states (more "
-                         f"processes, --vllm-memory lower, or --engine hf)")
+                         f"the device, {reserve / 1e9:.1f} GB kept for the trainer's optimizer states "
+                         f"(more processes, --vllm-memory lower, or --engine hf)")
     if room < requested:
         log.warning("--vllm-memory %.2f does not fit beside the trainer (%.1f of %.1f GB free, %.1f GB kept for its "
-                    "optimizer states): the engine gets %.2f", requested, free / 1e9, total / 1e9, reserve / 1e9,
-                    room)
+                    "optimizer states): the engine gets %.2f", requested, free / 1e9,
+                    total / 1e9, reserve / 1e9, room)
     return min(requested, room)
+
+
+@contextlib.contextmanager
+def engine_asleep(engine, policy, parallel):
+    """The engine's device memory freed around work that runs while it is idle and needs memory (the teaching
+    views' scoring, run.TokenViews): a vLLM engine on a GPU sleeps, the block runs, and the policy's weights are
+    written back into it (load_weights wakes it: a level-2 sleep discards the weights). An engine that does not
+    sleep (the HF engine, vLLM on a CPU, one already asleep) is left as it is."""
+    if not getattr(engine, "sleep_enabled", False) or getattr(engine, "asleep", False):
+        yield
+        return
+    engine.sleep()
+    try:
+        yield
+    finally:
+        sync_engine(engine, policy, parallel)
 
 
 def sync_engine(engine, policy, parallel):
@@ -808,4 +868,4 @@ def sync_engine(engine, policy, parallel):
     or the HF engine of a sharded run) gets them again, one tensor at a time (parallel.named_full_tensors). The HF
     engine of a single process samples from the policy itself: nothing to do."""
     if getattr(engine, "own_weights", False):
-        engine.load_weights(parallel.named_full_tensors(policy))
+        engine.load_weights(parallel.named_full_tensors(policy, getattr(engine, "weights_dtype", None)))

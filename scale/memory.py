@@ -9,10 +9,16 @@ What a process of scale/train.py holds (FSDP2, float32 master weights, bf16 comp
       for the policy and for the critic (the same backbone, a one-output head instead of the LM head);
   during the update: two decoder layers' bf16 weights gathered (the one running and the one prefetched), one
       layer's float32 gradient before its reduce-scatter, the embeddings and LM head gathered for the whole pass,
-      checkpointed layer inputs (--gradient-checkpointing) and the float32 logits of one micro-batch (logits,
-      log-softmax pieces and their gradient: about 3 copies);
+      checkpointed layer inputs (--gradient-checkpointing) and the logits of one micro-batch: the bf16 logits
+      and four float32 logit-sized tensors at the backward's peak (the float32 copy, logsumexp's and the
+      log-softmax's temporaries, their gradient: measured at Qwen2.5-0.5B's shape, docs/performance.md), 18 B a
+      logit;
   the vLLM engine: a full bf16 copy of the policy plus its KV cache (one engine per process), or 1 / K of both
-  with tensor-parallel engines of K processes (--vllm-tp K);
+  with tensor-parallel engines of K processes (--vllm-tp K); both must fit the share of the GPU it is given
+  (--vllm-memory, vLLM's gpu_memory_utilization: vLLM refuses to start when its weights leave no room for KV
+  blocks), so the tables give the share each engine needs;
+  a weight sync: torch's cache emptied (rollout.VLLMEngine.load_weights does it before each wake-up), the engine's
+  weights woken, and one full tensor at a time gathered in the engine's bf16 (cast on each shard first);
   at setup, only the float32 shards (each process reads its own rows of the weights' files) and then the engine.
 Estimates, not measurements: allocator slack, NCCL buffers and CUDA context (1-3 GB) come on top.
 """
@@ -25,6 +31,7 @@ import json
 QWEN25_32B = dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=27648, num_attention_heads=40,
                   num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False)
 GB = 1e9
+LOGIT_BYTES = 2 + 4 * 4  # per logit of a micro-batch at the update's peak: bf16 logits + 4 float32 logit-sized tensors
 
 
 def counts(c: dict) -> dict:
@@ -52,8 +59,8 @@ def per_gpu(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int) -> list
          f"{(n['embed'] + n['head']) / 1e9:.2f}B x (2 + 4) B", (n["embed"] + n["head"]) * 6),
         ("update: checkpointed layer inputs, one micro-batch", f"{layers} x {micro} x {tokens:,} x {h} x 2 B",
          layers * micro * tokens * h * 2),
-        ("update: fp32 logits of one micro-batch (x3)", f"3 x {micro} x {tokens:,} x {v:,} x 4 B",
-         3 * micro * tokens * v * 4),
+        ("update: logits of one micro-batch (bf16 + 4 fp32 copies)", f"{micro} x {tokens:,} x {v:,} x (2 + 4 x 4) B",
+         LOGIT_BYTES * micro * tokens * v),
         ("vLLM: the policy's bf16 weights (TP = 1)", f"{n['policy'] / 1e9:.2f}B x 2 B", n["policy"] * 2),
         ("vLLM: KV cache", f"{n['kv_per_token']:,} values x 2 B x {kv_tokens:,} tokens",
          n["kv_per_token"] * 2 * kv_tokens),
@@ -72,15 +79,23 @@ def phases(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int, tp: int 
     # a tensor-parallel engine (--vllm-tp) splits its weights and its KV heads over tp GPUs, each holding 1 / tp
     engine_weights, kv = n["policy"] * 2 / tp, n["kv_per_token"] * 2 * kv_tokens / tp
     largest = max(n["embed"], n["head"], n["layer"] // 3) * 4  # the embeddings (or LM head) in float32
+    gathered = largest // 2  # a sync gathers it cast to bf16 (scale.parallel.Sharded.named_full_tensors)
     update = sum(size for name, _, size in per_gpu(c, gpus, tokens, micro, kv_tokens) if name.startswith("update"))
     return [
         ("setup: models loaded", "float32 shards of both models, one tensor's rows in flight", weights + largest / gpus),
         ("setup: engine started", "the shards + the engine's bf16 weights + its KV cache", weights + engine_weights + kv),
         ("rollout", "shards and AdamW moments of both + the engine awake", kept + engine_weights + kv),
         ("update", "shards, gradients, AdamW + the update's transients (engine asleep, level 2)", states + update),
-        ("sync", "shards and AdamW + the engine's weights woken + one full float32 tensor gathered",
-         kept + engine_weights + largest),
+        ("sync", "shards and AdamW + the engine's weights woken + one full tensor gathered (bf16); torch's cache "
+         "emptied first", kept + engine_weights + gathered),
     ]
+
+
+def engine_share(c: dict, tp: int, kv_tokens: int, gpu_gb: float) -> float:
+    """The --vllm-memory (vLLM's gpu_memory_utilization) an engine needs on a GPU of gpu_gb: its weights and KV
+    cache, per GPU of a tensor-parallel group of tp, as a share of the GPU (over 1: it cannot fit)."""
+    n = counts(c)
+    return (n["policy"] * 2 + n["kv_per_token"] * 2 * kv_tokens) / tp / (gpu_gb * GB)
 
 
 def main(argv=None):
@@ -117,6 +132,11 @@ def main(argv=None):
             print(f"\n| {gpus} GPUs, colocated, --vllm-tp {tp}: phase | what the GPU holds | GB |\n|---|---|---|")
             for phase, what, size in phases(c, gpus, args.tokens, args.micro, args.kv_tokens, tp):
                 print(f"| {phase} | {what} | {size / GB:.1f} |")
+            print("\n" + "; ".join(
+                f"{gpu_gb:g} GB GPUs: the engine needs --vllm-memory {share:.2f}"
+                + (" (cannot fit)" if share >= 1 else " (the default 0.4 is enough)" if share <= 0.4 else
+                   " (the default 0.4 is not enough: vLLM would refuse to start)")
+                for gpu_gb in (80, 141) for share in [engine_share(c, tp, args.kv_tokens, gpu_gb)]))
 
 
 if __name__ == "__main__":

