@@ -108,9 +108,12 @@ class RunOptions:
 
 
 # Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "gpu-0.5b" (one GPU's budget,
-# whatever the model: the paper's 5,000 steps of 8,192 samples fit no single GPU); "paper" only when asked for.
+# whatever the model: the paper's 313 rollouts of 8,192 samples fit no single GPU); "paper" only when asked for.
 PRESETS: dict[str, dict] = {
-    "paper": {},
+    # The paper's values (vapo.Config's defaults), and where it states none, verl's: whitened advantages (verl's
+    # GAE always whitens) and values clipped at 0.5 (verl's critic default). Its budget in its unit: the ~5,000
+    # steps it reports are gradient updates, 16 per rollout (8,192 samples in mini-batches of 512): 313 rollouts.
+    "paper": dict(whiten_advantages=True, value_clip=0.5),
     # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/demo.md). Tiny
     # model, short responses: larger learning rates than the paper's, alpha = 0.5 so that lambda_policy is
     # 0.9-0.99 at 20-110 tokens, small micro-batches (sorted by length), advantage whitening as verl does.
@@ -118,7 +121,7 @@ PRESETS: dict[str, dict] = {
                  mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
                  warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
                  whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
-                 overlong_cache=16,  # overlong penalty from 112 tokens: ten correct steps take 111
+                 overlong_cache_frac=16 / 128,  # overlong penalty from 112 tokens: ten correct steps take 111
                  eval_batch_size=200),  # the whole evaluation (800 rows of <= 128 tokens) in one pass fits a CPU
     # The long chains (docs/long.md): 1 to 40 steps, responses of 10 to 411 tokens, a base model right a few
     # percent of the time at 40 steps when sampling, the critic initialised from the shipped outcome reward model
@@ -135,12 +138,13 @@ PRESETS: dict[str, dict] = {
                  # the habit from the nucleus altogether (measured: avg@4 0.29 -> 0.58 in 3 steps of warmup,
                  # greedy 0.61 -> 0.56)
                  eval_top_p=1.0,
-                 overlong_cache=32,  # overlong penalty from 416 tokens: forty correct steps take 411
+                 overlong_cache_frac=32 / 448,  # overlong penalty from 416 tokens: forty correct steps take 411
                  eval_batch_size=80),
     # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
                      mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
-                     gradient_checkpointing=True, eval_samples=8, eval_every=25, overlong_cache=512),
+                     gradient_checkpointing=True, eval_samples=8, eval_every=25,
+                     overlong_cache_frac=512 / 2048, whiten_advantages=True),
 }
 
 
@@ -192,12 +196,13 @@ def validate(cfg, algorithms: dict):
         (lambda: not c.clip_higher or c.eps_high >= c.eps_low, "eps_high",
          f"must be >= eps_low = {c.eps_low} with clip-higher (it raises the upper bound)"),
         (lambda: c.mu >= 0, "mu", "must be >= 0"),
+        (lambda: c.kl_coef >= 0, "kl_coef", "must be >= 0 (0 = no KL term)"),
         (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
         (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
         (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
          "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
-        (lambda: not c.overlong_shaping or 0 <= c.overlong_cache <= c.max_new_tokens, "overlong_cache",
-         f"must be in [0, max_new_tokens = {c.max_new_tokens}] with overlong shaping"),
+        (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac", "must be in [0, 1] (a share of max_new_tokens)"),
+        (lambda: c.truncated_reward in ("wrong", "graded"), "truncated_reward", "must be wrong or graded"),  # reward.TRUNCATED_REWARDS
         (lambda: 0 < c.gamma <= 1, "gamma", "must be in (0, 1]"),
         (lambda: c.value_clip is None or c.value_clip > 0, "value_clip", "must be > 0 (or none)"),
         (lambda: c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1"),
@@ -261,7 +266,7 @@ def build_parser(cls, algorithms: dict, description: str = "") -> argparse.Argum
                                      argument_default=argparse.SUPPRESS, epilog=epilog)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="named set of defaults, a budget (default: demo without --model, gpu-0.5b with it; "
-                             "paper: the paper's 5,000 steps of 512 prompts x 16 samples)")
+                             "paper: the paper's values, 313 rollouts of 512 prompts x 16 samples, its ~5,000 gradient updates)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last checkpoint, with its saved config "
                              "(options given here, e.g. --steps, override it)")

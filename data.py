@@ -101,8 +101,21 @@ def format_prompt(question: str, template: str = "base", tokenizer=None) -> str:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError("template 'chat' needs a tokenizer with a chat template (use 'base' for base models)")
         messages = [{"role": "user", "content": DAPO_PREFIX + question + DAPO_SUFFIX}]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # The engines tokenise prompts with the tokenizer's special tokens, as a base prompt needs them. A chat
+        # template that writes the BOS itself (Llama's) would then start with two: the text's BOS is dropped, so
+        # the ids are those of the template tokenised without special tokens (verl's add_special_tokens=False).
+        bos = tokenizer.bos_token
+        if bos and text.startswith(bos) and adds_bos(tokenizer):
+            text = text[len(bos):]
+        return text
     raise ValueError(f"unknown template {template!r}: expected one of {TEMPLATES}")
+
+
+def adds_bos(tokenizer) -> bool:
+    """True if tokenizing a text with the tokenizer's special tokens puts its BOS first (Llama's do, Qwen's not)."""
+    ids = tokenizer("x")["input_ids"]
+    return tokenizer.bos_token_id is not None and bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
 def _field(row, path: str):

@@ -187,6 +187,21 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
     return loss, stats
 
 
+def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
+                    num_tokens: float | None = None, num_seqs: float | None = None
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+    """A KL penalty to a frozen reference policy (our option; VAPO and DAPO use none, GRPO and verl's
+    use_kl_loss do), with the k3 estimator of KL(pi || pi_ref) per token (Schulman's, GRPO's, verl's
+    "low_var_kl"), unbiased and never negative:
+
+        d_t = log pi_ref(r_t) - log pi(r_t),    KL_t = exp(d_t) - d_t - 1,    L_KL = agg(KL_t)
+
+    logprobs (with gradient), ref_logprobs, mask: [B, T]. Returns (loss, {"kl_ref": the masked mean of KL_t})."""
+    d = (ref_logprobs.detach().float() - logprobs.float()).clamp(-20, 20)  # [B, T]; the clamp as verl's
+    kl = torch.exp(d) - d - 1.0
+    return aggregate(kl, mask, agg, num_tokens, num_seqs), {"kl_ref": masked_mean(kl.detach(), mask).item()}
+
+
 def positive_nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor,
                       num_tokens: float | None = None) -> torch.Tensor:
     """Positive-example LM loss (VAPO section 3.4, Eq. 9): negative log-likelihood of the correct samples,

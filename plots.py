@@ -182,6 +182,11 @@ def probe_figure(record: dict, probe: dict, out: str) -> dict:
     axes[2].set_title(f"{title}, clip bounds [{low:g}, {high:g}]")
     line(axes[3], "entropy", "entropy", "entropy (nats)")
     axes[3].set(title="entropy of the policy at each token", xlabel="response token t")
+    if "first_error" in probe:  # where a wrong response first departs from the correct chain (the task knows it)
+        for ax in axes:
+            ax.axvline(probe["first_error"], color="purple", lw=1.2, ls="--",
+                       label="first wrong token" if ax is axes[0] else None)
+        drawn["first wrong token"] = probe["first_error"]
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:  # a critic-free run has no values to draw
             ax.legend(fontsize=7, loc="best")
@@ -264,14 +269,17 @@ def tokens_html(record: dict, chosen: list[int]) -> str:
         p = record["probes"][i]
         adv = p.get("adv_adaptive", p.get("adv_group"))
         scale = max((abs(a) for a in adv), default=1.0) or 1.0
-        parts.append(f"<p><b>reward {p['reward']:+g}, {p['length']} tokens</b> "
-                     f"{html.escape(p['prompt'][-120:])}<br>")
+        wrong = p.get("first_error")
+        parts.append(f"<p><b>reward {p['reward']:+g}, {p['length']} tokens</b>"
+                     + (f" (first wrong token: t={wrong}, boxed)" if wrong is not None else "")
+                     + f" {html.escape(p['prompt'][-120:])}<br>")
         for t, (piece, a) in enumerate(zip(p["pieces"], adv)):
             alpha = min(1.0, abs(a) / scale)
             color = f"rgba(0,160,0,{alpha:.2f})" if a > 0 else f"rgba(220,0,0,{alpha:.2f})"
             tip = " ".join(f"{k}={p[k][t]:.3f}" for k in ("value", "adv_adaptive", "adv_0.95", "adv_1.0", "ratio",
                                                            "entropy", "adv_group") if k in p)
-            parts.append(f"<span style='background:{color}' title='t={t} {tip}'>{html.escape(piece)}</span>")
+            box = ";outline:2px solid purple" if t == wrong else ""
+            parts.append(f"<span style='background:{color}{box}' title='t={t} {tip}'>{html.escape(piece)}</span>")
         parts.append("</p>")
     return "".join(parts) + "</body></html>"
 

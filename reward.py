@@ -45,7 +45,6 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from math_verify import LatexExtractionConfig, parse, verify
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +94,9 @@ _LATEX_TOKEN = re.compile(r"(?P<box>\\(?:boxed|fbox)\s*\{)|(?P<escaped>\\.)|(?P<
 _ANSWER_LINE = re.compile(r"answer\s*:[ \t]*([^\n]*)", re.IGNORECASE)
 
 
-def _last_box(text: str) -> str | None:
-    """Content of the \\boxed{...} / \\fbox{...} that closes last, or None if no box is ever closed.
+def _last_box(text: str) -> tuple[int, int] | None:
+    """(start, end) of the content of the \\boxed{...} / \\fbox{...} that closes last, or None if no box is ever
+    closed.
 
     Linear time: one left-to-right scan with a stack of open braces (a quadratic "find the matching brace for
     each \\boxed" would be exploitable by a response of 100k unclosed boxes). A truncated final box (never
@@ -113,7 +113,7 @@ def _last_box(text: str) -> str | None:
             stack.append(m.end())
         elif m.lastgroup == "close" and stack and (start := stack.pop()) >= 0:
             last = (start, m.start())
-    return None if last is None else text[last[0]:last[1]]
+    return last
 
 
 def _braces_balanced(latex: str) -> bool:
@@ -129,14 +129,19 @@ def _braces_balanced(latex: str) -> bool:
     return depth == 0
 
 
-def _answer_line(text: str) -> str | None:
-    """Rest of the line after the last "Answer:", without markdown bold markers and a final period."""
-    matches = list(_ANSWER_LINE.finditer(text))
-    if not matches:
-        return None
+def _last_answer_line(text: str) -> re.Match | None:
+    """The last "Answer:" line of text, or None."""
+    last = None
+    for last in _ANSWER_LINE.finditer(text):
+        pass
+    return last
+
+
+def _answer_line(match: re.Match) -> str | None:
+    """Rest of the line after an "Answer:", without markdown bold markers and a final period."""
     # "**Answer:** 12" and "Answer: 12." are how chat models write it; the stars and the sentence's full stop
     # are not part of the answer (math-verify reads "12." and "** 12" as unparsable strings).
-    answer = matches[-1].group(1).strip().strip("*").strip()
+    answer = match.group(1).strip().strip("*").strip()
     if answer.endswith(".") and not answer.endswith(".."):
         answer = answer[:-1].rstrip()
     return answer or None
@@ -145,22 +150,28 @@ def _answer_line(text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     """The final answer a response commits to, as a string, or None if it commits to none.
 
-    Rules, in order:
-    1. the content of the last complete \\boxed{...} or \\fbox{...} (nested braces handled; escaped braces
-       \\{ \\} are text; the box that closes last wins, so in \\boxed{\\boxed{1}} it is the outer one; a box
+    The answer is read where the response ends: of the two forms an answer is stated in, the statement made
+    last wins, so a response that guesses, reconsiders and answers again is held to its final answer.
+    1. a box: the content of the last complete \\boxed{...} or \\fbox{...} (nested braces handled; escaped
+       braces \\{ \\} are text; the box that closes last, so in \\boxed{\\boxed{1}} it is the outer one; a box
        left open by truncation is ignored); an empty box commits to nothing -> None;
-    2. else the rest of the line after the last "Answer:" (DAPO's prompt format, arXiv 2503.14476; matched
-       case-insensitively, so "Final answer:" counts), stripped of whitespace, of markdown bold ("**") at its
-       ends, and of one final period ("Answer: 12." -> "12"); an empty rest of line -> None;
-    3. else None.
+    2. an "Answer:" line: the rest of the line after the last "Answer:" (DAPO's prompt format, arXiv 2503.14476;
+       matched case-insensitively, so "Final answer:" counts), stripped of whitespace, of markdown bold ("**")
+       at its ends, and of one final period ("Answer: 12." -> "12"); an empty rest of line -> None;
+    3. when both are present, the one that starts later: "\\boxed{3} ... Answer: 5" is 5, "Answer: 9 but
+       \\boxed{8}" is 8, and "Answer: \\boxed{5}" is the box's 5 (the box starts after the "Answer:");
+    4. neither -> None.
+    Text after the final statement is not read: what a response earns when it never ends (cut at the length
+    limit with its answer stated early) is the trainer's decision (vapo.py, --truncated-reward). DAPO's scorer
+    (verl's math_dapo.compute_score) reads the last "Answer:" in the response's last 300 characters only.
     Runs in time linear in len(text).
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer: text must be str, got {type(text).__name__}")
-    boxed = _last_box(text)
-    if boxed is not None:
-        return boxed.strip() or None
-    return _answer_line(text)
+    box, line = _last_box(text), _last_answer_line(text)
+    if box is not None and (line is None or line.start() < box[0]):
+        return text[box[0]:box[1]].strip() or None
+    return None if line is None else _answer_line(line)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -178,11 +189,23 @@ def _join_digit_groups(latex: str) -> str:
     return _SPACED_THOUSANDS.sub(lambda m: re.sub(_LATEX_SPACE, "", m.group()), latex)
 
 
+def _math_verify():
+    """math-verify's module, imported on first use: the built-in task scores with arith_reward alone, so its whole
+    path (and bench/gpu_check.py on a machine without math-verify) runs where math-verify is not installed."""
+    try:
+        import math_verify
+    except ImportError as e:
+        raise ImportError("math datasets are scored with math-verify, which is not installed: "
+                          "pip install 'math-verify>=0.7' (the built-in task does not need it)") from e
+    return math_verify
+
+
 def _parse_answer(answer: str, timeout_s: int | None) -> list:
+    mv = _math_verify()
     # Wrapping in \boxed{} tells math-verify that the whole string is the answer. LaTeX extraction only:
     # math-verify's plain-expression extractor hands text to sympy's parse_expr, which runs eval.
     latex = "\\boxed{" + _join_digit_groups(answer) + "}"
-    return parse(latex, extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout_s)
+    return mv.parse(latex, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=timeout_s)
 
 
 def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIFY_TIMEOUT_S,
@@ -209,7 +232,7 @@ def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIF
         return False
     gold_parsed = _parse_answer(gold, timeout_s)
     prediction_parsed = _parse_answer(prediction, timeout_s)
-    return verify(gold_parsed, prediction_parsed, timeout_seconds=timeout_s)
+    return _math_verify().verify(gold_parsed, prediction_parsed, timeout_seconds=timeout_s)
 
 
 def math_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
@@ -263,6 +286,23 @@ def arith_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
 # ---------------------------------------------------------------------------------------------------------
 # Length shaping
 # ---------------------------------------------------------------------------------------------------------
+
+TRUNCATED_REWARDS = ("wrong", "graded")
+"""What a response cut at the length limit (no EOS) earns: "wrong" (it never ended, so it committed to no final
+answer, whatever it stated on the way) or "graded" (its text scored as if it had ended, as verl's reward
+functions do). DAPO grades it and then adds its overlong penalty, -1 at the limit."""
+
+
+def truncation_rule(scores: Sequence[float], truncated: Sequence[bool], rule: str = "wrong",
+                    wrong: float = WRONG_REWARD) -> list[float]:
+    """The rewards of a batch under a TRUNCATED_REWARDS rule: `wrong` for each truncated response under "wrong",
+    its score under "graded". ValueError for another rule or lengths that differ."""
+    if rule not in TRUNCATED_REWARDS:
+        raise ValueError(f"truncated reward must be one of {TRUNCATED_REWARDS}, got {rule!r}")
+    if len(scores) != len(truncated):
+        raise ValueError(f"{len(scores)} scores for {len(truncated)} responses")
+    return [wrong if cut and rule == "wrong" else float(s) for s, cut in zip(scores, truncated)]
+
 
 def _whole(name: str, value) -> int:
     try:

@@ -27,6 +27,7 @@ import shutil
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -38,9 +39,9 @@ from data import check_gold_answers, load_data
 from models import found_or_exit, load_models, load_tokenizer, pick_device, replace_atomically, safetensors_files
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from plots import pick_probes, plot_metrics, plot_tokens, read_tokens
-from rollout import score_rollout
-from reward import Verifier, arith_reward, math_reward
-from task import BUILTIN_MODELS, shipped_model
+from rollout import VLLM_PROMPT_TOKENS, check_vllm_device, engine_asleep, score_rollout, vllm_max_model_len
+from reward import Verifier, arith_reward, math_reward, truncation_rule
+from task import BUILTIN_MODELS, first_error, shipped_model
 
 log = logging.getLogger("vapo")
 
@@ -93,10 +94,12 @@ class SingleProcess:
         """The model as it is trained: here, unchanged; sharded, FSDP2 `fully_shard` per decoder layer."""
         return model
 
-    def named_full_tensors(self, model):
+    def named_full_tensors(self, model, dtype: torch.dtype | None = None):
         """(name, full tensor) of every weight, one at a time (sharded: gathered one at a time, never the whole
-        model at once), in the names of the model's Hugging Face checkpoint."""
-        yield from model.state_dict().items()
+        model at once, cast to dtype before the gather), in the names of the model's Hugging Face checkpoint.
+        dtype: the engine's (None: as they are). A tied weight is given under each of its names."""
+        for name, tensor in model.state_dict().items():
+            yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
     def save_pretrained(self, model, folder: str):
         """A Hugging Face folder of the model's full weights that stock transformers and vLLM load."""
@@ -152,6 +155,8 @@ def load_inputs(cfg, resume: bool, overwrite: bool, parallel: SingleProcess) -> 
     fail fast: the options, the run folder, the data (read and checked before the model, which may take minutes
     to load) and, once loaded, the held-out gold answers against the verifier. The models load through parallel
     (sharded as they load in a sharded run)."""
+    if cfg.engine == "vllm" and cfg.device.startswith("cuda:"):
+        check_vllm_device(torch.device(cfg.device), distributed=parallel.world_size > 1)
     check_inputs(cfg)
     if cfg.vllm_tp > 1 and parallel.world_size == 1:
         raise SystemExit(f"--vllm-tp {cfg.vllm_tp}: a tensor-parallel engine spans several processes; launch "
@@ -167,9 +172,29 @@ def load_inputs(cfg, resume: bool, overwrite: bool, parallel: SingleProcess) -> 
     policy, critic, tokenizer = parallel.load_models(cfg, pick_device(cfg.device), name)
     if cfg.builtin:
         rows, held_out = load_data(cfg, tokenizer)
+    if cfg.engine == "vllm":
+        check_prompt_room(rows, held_out, tokenizer, vllm_max_model_len(cfg.max_new_tokens, policy.config),
+                          cfg.max_new_tokens)
     verifier = verifier_for(cfg)
     check_gold_answers(held_out, verifier)
     return policy, critic, tokenizer, rows, held_out, verifier
+
+
+def check_prompt_room(rows: list[dict], held_out: list[dict], tokenizer, max_model_len: int, max_new_tokens: int):
+    """--engine vllm: every prompt fits beside the longest response in the engine's max_model_len
+    (rollout.vllm_max_model_len), or SystemExit naming the first row that does not, its length and how many more
+    there are. vLLM would otherwise refuse it mid-run, or stop its responses before max_new_tokens."""
+    room = max_model_len - max_new_tokens
+    lengths = [(what, [len(ids) for ids in tokenizer([r["prompt"] for r in part])["input_ids"]] if part else [])
+               for what, part in (("training", rows), ("held-out", held_out))]
+    too_long = [(what, i, n) for what, ns in lengths for i, n in enumerate(ns) if n > room]
+    if too_long:
+        what, i, n = too_long[0]
+        more = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
+        raise SystemExit(f"--engine vllm: {what} row {i + 1}: {n} tokens of prompt{more}, and the engine has room for "
+                         f"{room} beside --max-new-tokens {max_new_tokens} (max_model_len {max_model_len}: up to "
+                         f"{VLLM_PROMPT_TOKENS} prompt tokens, within the model's max_position_embeddings). Shorten "
+                         f"or drop those rows, or lower --max-new-tokens")
 
 
 def verifier_for(cfg) -> Verifier:
@@ -480,10 +505,12 @@ class TokenViews:
     them; nothing here needs a service running."""
 
     def __init__(self, run: "Run"):
-        self.run, self.cfg = run, run.cfg
+        # a weak reference: Run holds its views, and a cycle between the two would keep the run's models, optimizers
+        # and engine allocated after train() returns, until a full garbage collection (16 GB on a GPU at 0.5B)
+        self.run, self.cfg = weakref.proxy(run), run.cfg
         self.path, self.probes_path = os.path.join(run.dir, "tokens.jsonl"), os.path.join(run.dir, "probes.json")
         self.enabled = run.cfg.token_views and run.parallel.world_size == 1
-        self.probes, self.old_logprobs = None, None
+        self.probes, self.old_logprobs, self.rows = None, None, None
 
     def _probes(self, engine, held_out, verifier):
         """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
@@ -499,7 +526,8 @@ class TokenViews:
             saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
                                                                          r.prompt_mask[::PROBE_SAMPLES])],
                      "responses": [ids[:n].tolist() for ids, n in zip(r.response_ids, r.lengths)],
-                     "rewards": [float(x) for x in verifier.score(r.texts, golds)]}
+                     "rewards": truncation_rule(verifier.score(r.texts, golds), r.truncated.tolist(),
+                                                self.cfg.truncated_reward)}
             if self.run.parallel.is_main:
                 write_atomically(self.probes_path, json.dumps(saved))
         probes = rollout_from_tokens(saved["prompts"], saved["responses"], [[0.0] * len(x) for x in saved["responses"]],
@@ -516,8 +544,9 @@ class TokenViews:
         if self.enabled and self.probes is not None and (
                 step == cfg.steps or (cfg.max_samples is not None and after >= cfg.max_samples)
                 or self.run.evaluates(step, before, after)):
-            self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
-                                              cfg.temperature)["old_logprobs"]
+            with engine_asleep(self.run.engine, policy, self.run.parallel):  # float32 logits: not beside the engine
+                self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
+                                                  cfg.temperature)["old_logprobs"]
 
     def record(self, step: int, stage: str, policy, critic, engine, held_out, verifier):
         if not self.enabled or not held_out:
@@ -525,7 +554,9 @@ class TokenViews:
         try:
             if self.probes is None:
                 self.probes = self._probes(engine, held_out, verifier)
-            self._write(step, stage, policy, critic)
+                self.rows = held_out[:PROBE_PROMPTS]  # the probes' problems, PROBE_SAMPLES responses each
+            with engine_asleep(engine, policy, self.run.parallel):  # the scoring's logits: not beside the engine
+                self._write(step, stage, policy, critic)
         except Exception as err:  # noqa: BLE001 - a view must not stop a long run
             log.warning("could not record the token views at step %d: %s", step, err)
         self.old_logprobs = None
@@ -562,12 +593,31 @@ class TokenViews:
                        "prompt": tokenizer.decode(probes.prompt_ids[b][probes.prompt_mask[b].bool()]),
                        "pieces": [tokenizer.decode([i]) for i in ids],
                        **{k: [round(float(x), 6) for x in v[b, :n]] for k, v in rows.items()}}
+            wrong_at = self._first_wrong_token(b, ids, out[b]["pieces"])
+            if wrong_at is not None:
+                out[b]["first_error"] = wrong_at
         line = {"step": step, "stage": stage, "eps_low": cfg.eps_low, "eps_high": cfg.eps_high_used,
                 "lam_critic": cfg.lam_critic, "alpha": cfg.alpha, "probes": out, "by_position": by_position}
         if self.run.parallel.is_main:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(line) + "\n")
             plot_views(self.run.dir, step, stage)
+
+    def _first_wrong_token(self, b: int, ids: list[int], pieces: list[str]) -> int | None:
+        """The token at which probe b first goes wrong, where the task knows every correct step (the built-in
+        task: task.first_error), else None."""
+        row = self.rows[b // PROBE_SAMPLES] if self.rows else None
+        if row is None or "expr" not in row:
+            return None
+        char = first_error(self.run.tokenizer.decode(ids, skip_special_tokens=True), row)
+        if char is None:
+            return None
+        ends = 0
+        for t, piece in enumerate(pieces):  # the token whose text covers that character
+            ends += len(piece)
+            if ends > char:
+                return t
+        return len(pieces) - 1
 
     def truncate(self, step: int):
         """Resume: drop the records of steps after the checkpoint's (they will be written again)."""

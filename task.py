@@ -367,6 +367,16 @@ def borrow_digits(response: str) -> list[int]:
     return out
 
 
+def first_error(response: str, problem: dict) -> int | None:
+    """Character offset in response where a wrong response first departs from the correct chain (solve(problem)):
+    the first character of its first wrong step (a forgotten borrow writes its tens digit there, a misread term
+    its label, sign or term), or of a guess that skips the chain; None when the response's answer is right."""
+    if is_correct(response, problem["answer"]):
+        return None
+    correct = solve(problem)
+    return next((i for i, (a, b) in enumerate(zip(response, correct)) if a != b), min(len(response), len(correct)))
+
+
 # --- evaluation ---------------------------------------------------------------------------------------------
 def generate_responses(model, tokenizer, problems: list[dict], temperature: float, top_p: float = 1.0,
                        samples: int = 1, max_new_tokens: int = MAX_RESPONSE_TOKENS, batch_size: int = 128,

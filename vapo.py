@@ -51,6 +51,7 @@ signals, when to evaluate and save), rollout.py, reward.py, gae.py, losses.py, m
 """
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import sys
@@ -63,10 +64,11 @@ import torch
 import config
 from data import prompt_batch
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
-from losses import (explained_variance, head_mask, masked_mean, masked_whiten, policy_loss, positive_nll_loss,
-                    value_loss)
-from reward import Verifier, overlong_penalty
-from rollout import Rollout, by_length, make_engine, response_logprobs, response_values, score_rollout, sync_engine
+from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
+                    positive_nll_loss, value_loss)
+from reward import Verifier, overlong_penalty, truncation_rule
+from rollout import (Rollout, by_length, engine_asleep, make_engine, response_logprobs, response_values, score_rollout,
+                     sync_engine)
 from run import Progress, Run, SingleProcess, load_inputs
 
 log = logging.getLogger("vapo")
@@ -78,8 +80,8 @@ class Config(config.RunOptions):
     run's options (model, data, evaluation, run folder, engine, machine) come from config.RunOptions."""
 
     # --- budget and batch shapes ---
-    steps: int = 5000
-    """RL steps (one rollout batch and its updates each); our choice, the paper reports about 5,000 steps"""
+    steps: int = 313
+    """RL steps, counted in rollouts: one rollout batch and its batch / mini_batch x ppo_epochs optimizer steps each. The paper's ~5,000 steps are gradient updates, 16 per rollout of 8,192 samples in mini-batches of 512: 313 rollouts"""
     max_samples: int | None = None
     """also stop the RL phase once this many responses have been generated (dynamic sampling's extra rounds count), so runs compare at an equal budget of samples; none = only --steps"""
     prompts_per_step: int = 512
@@ -153,9 +155,9 @@ class Config(config.RunOptions):
     dynamic_sampling_rounds: int = 3
     """extra sampling rounds per step at most with dynamic sampling; then the step trains on the groups it has (logged)"""
     overlong_shaping: bool = False
-    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache tokens before max_new_tokens, added to the reward"""
-    overlong_cache: int = 4096
-    """tokens before max_new_tokens over which the overlong penalty grows (DAPO: 4096 of 20480)"""
+    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache_frac x max_new_tokens tokens before max_new_tokens, added to the reward"""
+    overlong_cache_frac: float = 0.2
+    """share of max_new_tokens, at its end, over which the overlong penalty grows: it scales with the budget (DAPO: the last 4,096 of 20,480 tokens, 0.2)"""
 
     # --- further options (not in the paper) ---
     gamma: float = 1.0
@@ -164,6 +166,10 @@ class Config(config.RunOptions):
     """PPO value clipping range (our option; the paper does not state it; none = off)"""
     whiten_advantages: bool = False
     """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
+    kl_coef: float = 0.0
+    """beta of a KL penalty to the initial policy in the policy loss, beta * KL(pi || pi_init) per token (k3, as GRPO and verl's use_kl_loss), aggregated as the policy loss (our option, a lever of the long-chain study; the paper, like DAPO, has none: 0 = off, no reference model is kept)"""
+    truncated_reward: str = "wrong"
+    """what a response cut at max_new_tokens (no EOS) earns: "wrong" (the wrong reward, whatever it stated on the way: it never committed to a final answer) or "graded" (its text graded as if it had ended, as verl's reward functions do); the paper does not say"""
 
     # ---- derived values -----------------------------------------------------------------------------------
     @property
@@ -180,6 +186,11 @@ class Config(config.RunOptions):
     def batch_size(self) -> int:
         """B, samples per step (the same with or without group sampling)."""
         return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def overlong_cache(self) -> int:
+        """Tokens before max_new_tokens over which the overlong penalty grows: overlong_cache_frac of the budget."""
+        return round(self.overlong_cache_frac * self.max_new_tokens)
 
     @property
     def eps_high_used(self) -> float:
@@ -226,8 +237,10 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     random.seed(cfg.seed + parallel.rank)
     policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, parallel)  # checked first
     run = Run(cfg, parallel, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
+    reference = frozen_copy(policy) if cfg.kl_coef > 0 else None  # the initial weights (before any restore)
     engine = make_engine(cfg, policy, tokenizer, parallel, critic)  # after the models: sized for what is left
     policy, critic = parallel.wrap(policy), (parallel.wrap(critic) if critic is not None else None)
+    reference = parallel.wrap(reference) if reference is not None else None
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
     if critic is not None:
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
@@ -259,21 +272,22 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             run.save(progress)
         for step in run.steps(progress):
             run.views.keep_old(policy, step + 1)  # the probes' pi_old, when this step is evaluated
-            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier)  # phases 1-6
+            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference)  # phases 1-6
             sync_engine(engine, policy, parallel)  # the next rollout samples from the updated weights
             if run.after_step(record, progress, evaluate_at):  # log; then evaluate, plot, save or stop
                 break
     return run.finish()
 
 
-def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier) -> dict:
+def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier,
+            reference=None) -> dict:
     """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
-    critic None (GRPO, DAPO): nothing is scored or trained for it. A step left without samples (dynamic sampling
+    critic None (GRPO, DAPO): nothing is scored or trained for it. reference: the frozen initial policy of
+    --kl-coef (None: no KL term). A step left without samples (dynamic sampling
     found no group with varied rewards) skips phases 3-5 and says so in its record."""
     t_start = time.perf_counter()
-    prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed))  # this process's
-    refill = lambda r: prompt_batch(rows, step * cfg.dynamic_sampling_rounds + r - 1,  # noqa: E731
-                                    cfg.prompts_per_rollout, cfg.seed + 2)  # its own stream, a function of step
+    prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
+    refill = lambda r: parallel.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
     rollout, scores, stats = sample_and_reward(engine, prompts, cfg, verifier, refill)  # 1, 2
     stats["samples_generated"] = int(batch_sum(torch.tensor(stats["samples_generated"])))
     if hasattr(engine, "sleep"):  # a colocated vLLM engine frees the GPU for the update (synced and woken after)
@@ -286,12 +300,14 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     if cfg.overlong_shaping:
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)
     with timed(stats, "score"):
-        scored = score(policy, critic, engine, rollout, cfg, stats)  # 3. no grad
+        scored = score(policy, critic, engine, rollout, cfg, stats, reference)  # 3. no grad
     with timed(stats, "advantages"):
         values = scored.get("values")  # [B, T], or None without a critic
         advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
     with timed(stats, "update"):
         batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0}
+        if reference is not None:
+            batch["ref_logprobs"] = scored["ref_logprobs"]
         if critic is not None:
             batch |= {"values": values, "returns": returns}
         train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
@@ -320,6 +336,15 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "lam_policy": batch_mean(lam_policy)}
     return record
+
+
+def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
+    """The prompts of round r of a step (0: its batch; 1, 2, ...: dynamic sampling's refills), all from the one
+    stream of prompt_batch: with dynamic sampling, step s owns the block of 1 + dynamic_sampling_rounds batches
+    after step s - 1's, so every prompt comes once an epoch, refilled or not, and a step never holds a prompt
+    twice (unless its block straddles two epochs of the data); without it, batch s of the stream."""
+    block = 1 + cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
+    return prompt_batch(rows, step * block + r, cfg.prompts_per_rollout, cfg.seed)
 
 
 @contextmanager
@@ -384,9 +409,18 @@ def sample_round(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> t
     with timed(stats, "rollout"), autocast(cfg, engine.device):
         rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
     with timed(stats, "reward"):
-        golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
-        scores = torch.tensor(verifier.score(rollout.texts, golds, stats=stats))  # 2. reward
-    return rollout, scores.to(rollout.response_mask.device), stats
+        scores = verify(rollout, rows, cfg, verifier, stats)  # 2. reward
+    return rollout, scores, stats
+
+
+def verify(rollout: Rollout, rows: list[dict], cfg: Config, verifier: Verifier, stats: dict | None = None):
+    """Phase 2, the reward of each response [B] float: the verifier's score of its text against its prompt's gold
+    answer; a response cut at max_new_tokens (no EOS) earns the wrong reward under cfg.truncated_reward "wrong"
+    (it stated no final answer: it never ended), its text's score under "graded"."""
+    golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
+    scores = truncation_rule(verifier.score(rollout.texts, golds, stats=stats), rollout.truncated.tolist(),
+                             cfg.truncated_reward)
+    return torch.tensor(scores, dtype=torch.float32, device=rollout.response_mask.device)
 
 
 def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:
@@ -399,8 +433,9 @@ def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:
 # Phases 3-4: scoring, advantages and returns
 # ==================================================================================================================
 
-def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict) -> dict:
-    """Phase 3: {"old_logprobs" [B, T], "values" [B, T] (with a critic), "entropy" [B, T] (when known)}, no grad.
+def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, reference=None) -> dict:
+    """Phase 3: {"old_logprobs" [B, T], "values" [B, T] (with a critic), "entropy" [B, T] (when known),
+    "ref_logprobs" [B, T] (the frozen reference's, with one)}, no grad.
     PPO's old log-probs come from the sampler where they are the policy's own (old_logprobs_from_sampler), so that
     only the critic is scored; otherwise from a pass of the policy, with the gap to the sampler's logged."""
     from_sampler = old_logprobs_from_sampler(cfg, engine)
@@ -419,6 +454,10 @@ def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict) ->
         gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
         stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
         stats["sampler_logprob_gap_max"] = parallel.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
+    if reference is not None:
+        with autocast(cfg, rollout.response_mask.device):
+            scored["ref_logprobs"] = score_rollout(reference, None, rollout, cfg.micro_batch_size,
+                                                   cfg.temperature)["old_logprobs"]  # [B, T]
     return scored
 
 
@@ -470,7 +509,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     """Phase 5: shuffled mini-batches; per mini-batch one optimizer step of each model.
 
         policy: L = L_PPO(clip-higher, token-level) + mu * L_NLL(correct samples)      (Eq. 8 and 9)
-        critic: L_V = 0.5 * (V - R)^2 (token-level)
+        critic: L_V = 0.5 * (V - R)^2 (aggregated as the policy loss is)
 
     Micro-batches accumulate gradients; the losses are normalised by the whole mini-batch's token counts, so
     the micro-batch size never changes the result. Sharded (scale/), each process holds its share of the batch
@@ -541,6 +580,10 @@ def policy_micro_step(policy, sub: Rollout, d: dict, counts: tuple, cfg: Config,
     pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low, cfg.eps_high_used,
                                     cfg.loss_agg, n_tokens, n_seqs)  # techniques 4 and 5
     loss = pg_loss
+    if cfg.kl_coef > 0:  # our option: beta * KL(pi || pi_init), aggregated as the policy loss
+        kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
+        loss = loss + cfg.kl_coef * kl
+        stats.add(kl_stats, weight)
     if cfg.positive_nll:  # technique 6
         nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
         loss = loss + cfg.mu * nll
@@ -553,17 +596,23 @@ def policy_micro_step(policy, sub: Rollout, d: dict, counts: tuple, cfg: Config,
 
 
 def critic_micro_step(critic, sub: Rollout, d: dict, counts: tuple, cfg: Config, stats: "Mean") -> list[str]:
-    """Forward and backward of the value loss L_V = 0.5 * (V - R)^2, token-level over the whole mini-batch (clipped
-    around the old values with cfg.value_clip). Returns the non-finite losses found (["value loss"] or [])."""
-    n_tokens = counts[0]
+    """Forward and backward of the value loss L_V = 0.5 * (V - R)^2 over the whole mini-batch, aggregated as the
+    policy loss is (cfg.loss_agg: token-level for VAPO and DAPO, per sample for PPO and GRPO, as verl's critic
+    follows its actor's loss_agg_mode), clipped around the old values with cfg.value_clip. Returns the non-finite
+    losses found (["value loss"] or [])."""
+    n_tokens, n_seqs, _ = counts
     m = sub.response_mask
     weight = float(m.sum())
     with autocast(cfg, sub.response_ids.device):
         values = response_values(critic, sub)  # [b, T]
-    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, "token-mean", n_tokens)
+    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg, n_tokens,
+                                 n_seqs)
     bad = [] if torch.isfinite(v_loss) else ["value loss"]
     v_loss.backward()
-    stats.add({"value_loss": v_loss.item() * n_tokens / max(weight, 1), **v_stats}, weight)
+    # logged as this micro-batch's own loss, weighted by what the aggregation counts (tokens or samples)
+    norm, part = (n_tokens, weight) if cfg.loss_agg == "token-mean" else (n_seqs, float((m.sum(-1) > 0).sum()))
+    stats.add({"value_loss": v_loss.item() * norm / max(part, 1)}, part)
+    stats.add(v_stats, weight)
     return bad
 
 
@@ -593,6 +642,14 @@ def optimizer_step(models: dict, optimizers: dict, cfg: Config, stats: "Mean", b
 def _columns(x: torch.Tensor, T: int) -> torch.Tensor:
     """The first T columns of x [b, T'], zero-padded on the right if T' < T."""
     return x[:, :T] if x.shape[1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
+def frozen_copy(model):
+    """A copy of model with no gradients, in eval mode: the reference policy of --kl-coef."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
 
 
 def make_optimizer(model, lr: float, cfg: Config):
@@ -631,12 +688,13 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1))  # its own stream
         rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
-        with autocast(cfg, mask.device):
-            values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
-        _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
-        ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
-        stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
-                       train_policy=False)
+        with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
+            with autocast(cfg, mask.device):
+                values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
+            _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
+            ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
+            stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
+                           train_policy=False)
         progress["recent"] = (progress["recent"] + [ev])[-3:]
         progress["step"] = step + 1
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss",) if k in stats},
@@ -671,8 +729,7 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
                                       seed=cfg.seed + 7919, batch_size=eval_batch)
-        golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
-        scores = torch.tensor(verifier.score(rollout.texts, golds))
+        scores = verify(rollout, rows, cfg, verifier)
         out[f"eval/acc_{name}"] = batch_mean(scores > 0)
         out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
         for band in bands:

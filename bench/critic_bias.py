@@ -61,11 +61,34 @@ def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 
     rewards = torch.tensor([1.0 if task.is_correct(t, g) else -1.0 for t, g in zip(rollout.texts, golds)])
     decisive = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
     for b in range(rollout.B):
-        pieces = [len(tokenizer.decode([i])) for i in rollout.response_ids[b, :rollout.lengths[b]]]
-        ends = torch.tensor(pieces).cumsum(0)  # [n] the character offset where each token's text ends
+        ends = _token_ends(tokenizer, rollout, b)
         for char in task.borrow_digits(rollout.texts[b]):  # the token whose text covers that character
             decisive[b, int((ends <= char).sum())] = True
     return model, rollout, rewards, decisive
+
+
+def _token_ends(tokenizer, rollout, b: int) -> torch.Tensor:
+    """[n] the character offset in response b's text where each of its tokens' text ends."""
+    return torch.tensor([len(tokenizer.decode([i])) for i in rollout.response_ids[b, :rollout.lengths[b]]]).cumsum(0)
+
+
+def error_masks(rollout, tokenizer, prompts: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+    """For sample_set's rollout (its first `prompts` held-out problems): (before, at) [B, T] bool. `at` marks each
+    wrong response's first wrong token (task.first_error: where it leaves the correct chain), `before` the tokens
+    before it, all of them correct steps. An ideal critic gives those zero advantage in expectation (the
+    state before the error is as good as the policy makes it); a group-normalised reward gives every one of them
+    the response's negative advantage, pushing down the correct lookups and borrows that wrong responses share
+    with right ones."""
+    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    before = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
+    at = torch.zeros_like(before)
+    for b in range(rollout.B):
+        char = task.first_error(rollout.texts[b], problems[int(rollout.prompt_index[b])])
+        if char is None:
+            continue
+        t = min(int((_token_ends(tokenizer, rollout, b) <= char).sum()), int(rollout.lengths[b]) - 1)
+        at[b, t], before[b, :t] = True, True
+    return before, at
 
 
 def credit(advantages: torch.Tensor, mask: torch.Tensor, decisive: torch.Tensor) -> float:
@@ -80,9 +103,11 @@ def group_credit(rewards: torch.Tensor, mask: torch.Tensor, decisive: torch.Tens
 
 
 def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float,
-               decisive: torch.Tensor | None = None, lam_fixed: float = 0.95) -> dict:
+               decisive: torch.Tensor | None = None, lam_fixed: float = 0.95, errors=None) -> dict:
     """values, mask [B, T], rewards [B] (decisive [B, T] bool, for the credit figures) -> the figures the module
-    docstring lists; lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95)."""
+    docstring lists; lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95). errors:
+    error_masks' (before, at), for the mean advantage on wrong responses' correct steps before their first error
+    and the credit at that error."""
     B, T = mask.shape
     lengths = mask.sum(-1)  # [B]
     returns = rewards[:, None].expand(B, T) * mask  # [B, T], gamma = 1: every token's return is the reward
@@ -110,6 +135,9 @@ def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, 
             out[f"advantage_rest_lambda_{name}"] = float(adv[real & ~first].mean())
         if decisive is not None and decisive.any():
             out[f"credit_lambda_{name}"] = credit(adv, mask, decisive)
+        if errors is not None and errors[1].any():
+            out[f"advantage_before_error_lambda_{name}"] = float(adv[errors[0]].mean())
+            out[f"credit_at_error_lambda_{name}"] = credit(adv, mask, errors[1])
     return out
 
 
@@ -131,6 +159,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     policy, rollout, rewards, decisive = sample_set(args.policy, args.prompts, args.samples, args.seed)
     mask = rollout.response_mask
+    errors = error_masks(rollout, load_policy(folder_of(args.policy), dtype=torch.float32)[1], args.prompts)
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "policy": args.policy, "responses": rollout.B,
               "mean_length": float(rollout.lengths.float().mean()), "right": float((rewards > 0).float().mean()),
@@ -141,7 +170,7 @@ def main(argv=None):
         critic = value_model_from_policy(policy) if name == "zero" else load_value_model(folder_of(name),
                                                                                          dtype=torch.float32)
         values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
-        table = bias_table(values, rewards, mask, args.alpha, decisive)
+        table = bias_table(values, rewards, mask, args.alpha, decisive, errors=errors)
         name = name if name in ("zero", *task.BUILTIN_MODELS) else "/".join(name.rstrip("/").split("/")[-2:])
         result["critics"][name] = table  # a folder by its last two parts: RUN/critic_pretrained
         print(f"\n{name}: explained variance {table['explained_variance']:+.3f}")
@@ -154,6 +183,13 @@ def main(argv=None):
     if args.samples >= 2:
         result["credit_group_advantage"] = group_credit(rewards, mask, decisive, args.samples)
         print(f"\nGRPO's group advantage (groups of {args.samples}): credit {result['credit_group_advantage']:.4f}")
+        if errors[1].any():
+            group = group_advantage(rewards, mask, args.samples)
+            result["group_advantage_before_error"] = float(group[errors[0]].mean())
+            result["group_credit_at_error"] = credit(group, mask, errors[1])
+            print(f"  on wrong responses' steps before their first error: mean advantage "
+                  f"{result['group_advantage_before_error']:+.4f}; credit at the error "
+                  f"{result['group_credit_at_error']:.4f}")
     result["decisive_token_share"] = float(decisive.sum() / mask.sum())
     if args.json:
         with open(args.json, "w") as fh:

@@ -17,7 +17,9 @@ the points whose validation misread rate is at most the base model's plus 2 poin
 - tier 1, the actor's step size and the off-policy degree: actor_lr {1.5e-4 (the preset), 5e-5, 1.5e-5} x
   mini-batch {32 (2 optimizer steps per rollout, the preset), 4 (16, the paper's)};
 - tier 2, around tier 1's best: mini-batch 8 (8 steps per rollout), 2 PPO epochs, critic_lr 3e-4, a KL term to the
-  initial policy (kl_coef 0.01), one at a time.
+  initial policy (kl_coef 0.01), one at a time; and alpha 0.1 (lambda_policy = 1 - 1 / (0.1 l): 0.9 at 100 tokens,
+  where 0.5 gives 0.98), added before any tier-2 run because bench/critic_bias.py measured the preset's lambda
+  spreading wrong responses' blame over their correct steps before the first error.
 """
 from __future__ import annotations
 
@@ -38,10 +40,12 @@ VALIDATION_SEED = 777_001  # a train-split seed no run trains on (the trainer's 
 VALIDATION_SAMPLES = 2  # k of the validation avg@k
 TRAIN_ARGS = ["--preset", "long", "--eval-every", "0", "--eval-prompts", "16", "--eval-samples", "1",
               "--no-token-views", "--save-every", "0"]
-TIER1 = {f"lr{lr}-mb{mb}": ["--actor-lr", lr, "--mini-batch-size", str(mb)]
+TIER1 = {f"lr{lr}-mb{mb}": ["--actor-lr", lr, "--mini-batch-size", str(mb),  # micro-batches: memory only
+                              "--micro-batch-size", str(min(mb, 8))]
          for lr in ("1.5e-4", "5e-5", "1.5e-5") for mb in (32, 4)}
 TIER2_LEVERS = {"mb8": ["--mini-batch-size", "8"], "epochs2": ["--ppo-epochs", "2"],
-                "critic3e-4": ["--critic-lr", "3e-4"], "kl0.01": ["--kl-coef", "0.01"]}
+                "critic3e-4": ["--critic-lr", "3e-4"], "kl0.01": ["--kl-coef", "0.01"],
+                "alpha0.1": ["--alpha", "0.1"]}  # added before any tier-2 run, from bench/critic_bias.py's measure
 
 
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:

@@ -226,3 +226,33 @@ def test_hub_name_offline_gives_a_clear_error(monkeypatch):
     fake_datasets(monkeypatch, error=ConnectionError("Couldn't reach the Hugging Face Hub"))
     with pytest.raises(RuntimeError, match=r"openai/gsm8k.*Offline, give a local \.jsonl or \.parquet"):
         load_prompts("openai/gsm8k")
+
+
+def llama_style_tokenizer():
+    """A local tokenizer that adds a BOS on encoding and whose chat template writes one too (as Llama's do)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    words = ["<s>", "</s>", "<unk>", "[INST]", "[/INST]", "x", "What", "is", "6*7?"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    return tok
+
+
+def test_chat_prompts_carry_one_bos_where_the_template_writes_it():
+    """#31.5: the engines tokenise prompts with special tokens; a template that writes the BOS itself gave two."""
+    tok = llama_style_tokenizer()
+    raw = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    assert tok(raw)["input_ids"][:2] == [0, 0]  # the finding: the template's BOS and the tokenizer's
+    ids = tok(format_prompt("What is 6*7?", "chat", tok))["input_ids"]
+    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+    # the same ids as verl's: the full template tokenised without special tokens
+    full = tok.apply_chat_template([{"role": "user", "content": format_prompt("What is 6*7?", "base")}],
+                                   tokenize=False, add_generation_prompt=True)
+    assert ids == tok(full, add_special_tokens=False)["input_ids"]
+    # a tokenizer that adds no BOS (Qwen's, the built-in's) keeps the template's text as it is
+    qwen = build_tokenizer()
+    qwen.chat_template = "<s>{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert format_prompt("q", "chat", qwen).startswith("<s>")

@@ -190,6 +190,14 @@ def test_credit_at_the_decisive_tokens():
     assert table["credit_lambda_0 (TD error)"] == pytest.approx(10.0)  # all of |delta| on 1 token in 10
     assert 1.0 < table["credit_lambda_0.95"] < 10.0  # lambda > 0 spreads it back over the earlier tokens
     assert bias.group_credit(rewards, mask, decisive, group_size=2) == pytest.approx(1.0)
+    # the same responses judged at their first error (the wrong ones, 1 and 3, go wrong at token 3): the critic
+    # leaves the steps before it at zero advantage and puts the TD error there; lambda 0.95 spreads it back
+    before, at = torch.zeros_like(decisive), torch.zeros_like(decisive)
+    before[[1, 3], :3], at[[1, 3], 3] = True, True
+    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at))
+    assert table["advantage_before_error_lambda_0 (TD error)"] == 0.0
+    assert table["advantage_before_error_lambda_0.95"] < 0  # blame leaks onto the correct steps before the error
+    assert table["credit_at_error_lambda_0 (TD error)"] == pytest.approx(10.0)
 
 
 def test_borrow_digits_are_the_tens_digits_of_borrow_steps():
@@ -234,3 +242,30 @@ def test_a_build_resumed_after_a_stage_gives_the_uninterrupted_builds_weights(tm
                                     resume=(str(tmp_path / "first"), 1))
     assert resumed["sha256"] == whole["sha256"] and resumed["recipe"]["resumed_after_stages"] == 1
     assert whole["sha256"] != json.load(open(tmp_path / "first" / task.BUILD_INFO))["sha256"]
+
+
+def test_error_masks_mark_the_first_wrong_token_of_each_wrong_response(tokenizer):
+    """bench/critic_bias.error_masks on two held-out problems: the right response has no mark, the wrong one (its
+    second step's borrow forgotten) is marked at the token of that tens digit, every token before it 'before'."""
+    import importlib.util
+    from rollout import rollout_from_tokens
+    spec = importlib.util.spec_from_file_location("critic_bias", os.path.join(os.path.dirname(__file__), "..",
+                                                                              "bench", "critic_bias.py"))
+    bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bias)
+    problems = task.make_dataset(2, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    right = task.solve(problems[0])
+    chain = task.solve(problems[1])
+    k = chain.index("=") + 1  # the first step's total, its tens digit written wrong
+    wrong = chain[:k] + ("1" if chain[k] != "1" else "2") + chain[k + 1:chain.rindex(":") + 2]
+    wrong += str(int(problems[1]["answer"]) + 1)  # and the answer wrong with it
+    eos = tokenizer.eos_token_id
+    ids = [tokenizer(t)["input_ids"] + [eos] for t in (right, wrong)]
+    prompts = [tokenizer(p["prompt"])["input_ids"] for p in problems]
+    rollout = rollout_from_tokens(prompts, ids, [[0.0] * len(x) for x in ids], 1, [eos], tokenizer.pad_token_id,
+                                  tokenizer, "cpu")
+    before, at = bias.error_masks(rollout, tokenizer, prompts=2)
+    assert not before[0].any() and not at[0].any()
+    t = int(at[1].nonzero())
+    assert at[1].sum() == 1 and before[1].nonzero().flatten().tolist() == list(range(t))
+    assert "".join(tokenizer.decode([i]) for i in ids[1][:t]) == wrong[:k]  # the tokens before it: the right prefix

@@ -202,3 +202,19 @@ def test_masked_whiten_and_mean():
     assert masked_mean(LOSS, MASK).item() == pytest.approx(2.5)
     torch.testing.assert_close(masked_mean(LOSS, MASK, dim=1), torch.tensor([2.0, 4.0]))
     assert masked_mean(LOSS, torch.zeros(2, 3)).item() == 0.0
+
+
+def test_kl_to_reference_is_k3_zero_at_the_reference_and_pulls_back_to_it():
+    from losses import kl_to_reference
+    mask = torch.tensor([[1, 1, 0]])
+    ref = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    same = ref.clone().requires_grad_(True)
+    loss, stats = kl_to_reference(same, ref, mask)
+    assert float(loss) == 0.0 and stats["kl_ref"] == 0.0
+    lp = torch.log(torch.tensor([[0.7, 0.1, 0.3]])).requires_grad_(True)
+    loss, stats = kl_to_reference(lp, ref, mask)
+    d = ref - lp.detach()
+    expected = ((torch.exp(d) - d - 1) * mask).sum() / 2
+    torch.testing.assert_close(loss, expected)
+    loss.backward()  # dL/dlp = (1 - exp(d)) / n: down where the policy is above the reference, up where below
+    assert lp.grad[0, 0] > 0 and lp.grad[0, 1] < 0 and lp.grad[0, 2] == 0

@@ -63,7 +63,11 @@ def _pool_pids():
     ("Answer: 12.", "12"),  # the sentence's full stop
     ("Answer: 3.5", "3.5"),
     (r"Answer: $\frac{1}{2}$", r"$\frac{1}{2}$"),
-    (r"Answer: 9 but \boxed{8}", "8"),  # a box beats an Answer: line
+    (r"Answer: 9 but \boxed{8}", "8"),  # the statement made last wins: here the box
+    ("First guess \\boxed{3}. Wait...\nAnswer: 5", "5"),  # ... here the Answer: line (#31: it was read as 3)
+    (r"Answer: \boxed{5}", "5"),  # a box on the Answer: line is that line's answer
+    ("\\boxed{2}\nAnswer: 4\nso \\boxed{6}", "6"),
+    ("Answer: 7\n\\boxed{}", None),  # an empty final box commits to nothing
     ("Answer:", None),
     ("Answer:\n5", None),  # the rest of that line is empty
     ("the result is 5", None),

@@ -205,3 +205,16 @@ def test_shipped_base_model_is_the_recorded_one_and_scores_as_recorded():
     greedy = task.evaluate_accuracy(model, tokenizer, problems, temperature=0.0)
     assert abs(greedy["accuracy"] - info["eval"]["greedy"]["accuracy"]) <= 0.02, (greedy, info["eval"]["greedy"])
     assert abs(greedy["mean_tokens"] - info["eval"]["greedy"]["mean_tokens"]) <= 1.0
+
+
+def test_first_error_is_where_a_wrong_response_leaves_the_correct_chain():
+    p = {"prompt": "Compute: 7 a+5 b-7 c+9 d-6\n", "answer": "8", "n_steps": 4, "expr": "7+5-7+9-6"}
+    right = task.solve(p)
+    assert right == "07 a+5=12\n12 b-7=05\n05 c+9=14\n14 d-6=08\nAnswer: 8" and task.first_error(right, p) is None
+    assert task.first_error("Answer: 8", p) is None  # a right guess is not wrong
+    habit = "07 a+5=12\n12 b-7=15\n15 c+9=24\n24 d-6=18\nAnswer: 18"
+    assert task.first_error(habit, p) == 17 and habit[17] == "1"  # the forgotten borrow's tens digit
+    misread = "07 a+5=12\n12 c-7=05\n05 c+9=14\n14 d-6=08\nAnswer: 8x"
+    assert task.first_error(misread, p) == 13 and misread[13] == "c"  # a misread label, though the answer's
+    assert task.first_error("Answer: 3", p) == 0  # a wrong guess leaves the chain at once
+    assert task.first_error(right[:20], p) == 20  # cut short: wrong where it stops

@@ -1,4 +1,5 @@
 """vapo.py: the config, each switch, a few training steps on a tiny random model, resume, the command line."""
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A few seconds per run: 4 prompts x 2 samples of at most 24 tokens on a 1M-parameter random model.
 TINY = dict(dataset="builtin", steps=2, prompts_per_step=4, samples_per_prompt=2, mini_batch_size=4,
             micro_batch_size=2, max_new_tokens=24, actor_lr=1e-3, critic_lr=1e-3, warmup_steps=1,
-            value_pretrain_steps=1, eval_every=0, eval_prompts=4, eval_samples=2, save_every=0, alpha=0.5)
+            value_pretrain_steps=1, eval_every=0, eval_prompts=4, eval_samples=2, save_every=0, alpha=0.5,
+            truncated_reward="graded")  # a random tiny model never ends in 24 tokens: its texts are graded
 
 
 def tiny_config(model_dir, out_dir, **kw):
@@ -82,7 +84,7 @@ def test_cli_overrides_preset_and_rejects_bad_values():
     assert cfg.value_clip is None and cfg.model == "Qwen2.5-0.5B"  # with --model: one GPU's budget, not the paper's
     assert (cfg.steps, cfg.prompts_per_step) == (config.PRESETS["gpu-0.5b"]["steps"], 64) and cfg.bf16
     paper, _, _ = vapo.config_from_args(["--model", "./my-model", "--preset", "paper"])
-    assert (paper.steps, paper.prompts_per_step, paper.samples_per_prompt) == (5000, 512, 16) and not paper.bf16
+    assert (paper.steps, paper.prompts_per_step, paper.samples_per_prompt) == (313, 512, 16) and not paper.bf16
     with pytest.raises(SystemExit, match="--eps-high"):
         vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
 
@@ -204,7 +206,7 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills():
 
 
 def test_overlong_penalties_and_group_advantages_in_the_step_phases():
-    cfg = Config(max_new_tokens=128, overlong_cache=16, prompts_per_step=1, samples_per_prompt=4,
+    cfg = Config(max_new_tokens=128, overlong_cache_frac=0.125, prompts_per_step=1, samples_per_prompt=4,
                  mini_batch_size=4, group_advantage=True)
     assert vapo.overlong_penalties(torch.tensor([20, 112, 120, 128]), cfg).tolist() == [0.0, 0.0, -0.5, -1.0]
     ro = FakeRollout([3, 5, 2, 4], T=5)
@@ -255,7 +257,7 @@ def odd_length_verifier(response: str, gold: str) -> float:
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo"])
 def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, monkeypatch):
     monkeypatch.setattr(run, "verifier_for", lambda cfg: Verifier(odd_length_verifier, 0))
-    cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache=8)
+    cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache_frac=8 / 24)
     run_dir = vapo.train(cfg)
     policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
     start = weights(tiny_model_dir)
@@ -488,3 +490,101 @@ def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     assert whole["eval/response_len_greedy"] == bounded["eval/response_len_greedy"]
     with pytest.raises(ValueError, match="--eval-batch-size"):
         Config(eval_batch_size=0).validate()
+
+
+# ---- #31: fidelity of the reward, the critic's loss and the prompt stream to DAPO and verl ----
+
+def test_a_truncated_response_earns_the_wrong_reward_unless_graded():
+    """#31.1: a response cut at max_new_tokens that stated its answer early (and a response that stated it and
+    then ran on) was rewarded as correct; by default it now earns the wrong reward, --truncated-reward graded
+    grades its text as verl does."""
+    from rollout import Rollout
+    texts = ["Answer: 5", "Answer: 5\n" + "Let me double check. " * 300, "First \\boxed{5}. Wait\nAnswer: 3"]
+    B = len(texts)
+    rollout = Rollout(prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                      response_ids=torch.ones(B, 2, dtype=torch.long), response_mask=torch.ones(B, 2, dtype=torch.long),
+                      lengths=torch.full((B,), 2), truncated=torch.tensor([False, True, False]),
+                      sampler_logprobs=torch.zeros(B, 2), prompt_index=torch.zeros(B, dtype=torch.long), texts=texts)
+    rows, verifier = [{"prompt": "p", "answer": "5"}], Verifier(arith_reward, 0)
+    assert vapo.verify(rollout, rows, Config(), verifier).tolist() == [1.0, -1.0, -1.0]
+    graded = Config(truncated_reward="graded")
+    assert vapo.verify(rollout, rows, graded, verifier).tolist() == [1.0, 1.0, -1.0]
+    with pytest.raises(ValueError, match="--truncated-reward"):
+        Config(truncated_reward="half").validate()
+
+
+@pytest.mark.parametrize("algo, agg", [("vapo", "token-mean"), ("ppo", "seq-mean-token-mean"),
+                                       ("grpo", "seq-mean-token-mean")])
+def test_the_critic_loss_is_aggregated_as_the_policy_loss(monkeypatch, algo, agg):
+    """#31.3: the value loss was token-mean for every algorithm; verl's critic follows its actor's loss_agg_mode."""
+    from losses import aggregate
+    cfg = Config(**vapo.ALGORITHMS[algo])
+    assert cfg.loss_agg == agg
+    ro = FakeRollout([1, 4], T=4)  # a short and a long response: the two aggregations differ
+    values = torch.zeros(2, 4, requires_grad=True)
+    monkeypatch.setattr(vapo, "response_values", lambda critic, sub: values)
+    monkeypatch.setattr(vapo, "autocast", lambda cfg, device: contextlib.nullcontext())
+    ro.response_ids = torch.zeros(2, 4, dtype=torch.long)
+    returns = torch.tensor([[1.0, 0, 0, 0], [-1.0, -1.0, -1.0, -1.0]])
+    d = {"returns": returns, "values": torch.zeros(2, 4)}
+    stats = vapo.Mean()
+    assert vapo.critic_micro_step(None, ro, d, (5.0, 2.0, 0.0), cfg, stats) == []
+    expected = aggregate(0.5 * returns ** 2, ro.response_mask, agg)
+    grad = values.grad.clone()
+    values.grad = None
+    (aggregate(0.5 * (values - returns) ** 2, ro.response_mask, agg)).backward()
+    torch.testing.assert_close(grad, values.grad)  # the same gradient as the policy's aggregation gives
+    assert stats.result()["value_loss"] == pytest.approx(float(expected))
+
+
+def test_dynamic_sampling_refills_from_the_main_stream_without_repeats():
+    """#31.4: the refill drew from a stream of its own (seed + 2), so a step could hold a prompt twice. Now step s
+    owns a block of 1 + rounds batches of the one stream."""
+    import data
+    rows = [{"prompt": f"p{i}", "answer": "1"} for i in range(48)]  # 3 blocks of 16 an epoch
+    cfg = Config(prompts_per_step=4, samples_per_prompt=2, dynamic_sampling=True, dynamic_sampling_rounds=3, seed=3)
+    old_repeats = 0
+    for step in range(10):  # the finding, in the old formula
+        main = data.prompt_batch(rows, step, 4, cfg.seed)
+        refills = [data.prompt_batch(rows, step * 3 + r - 1, 4, cfg.seed + 2) for r in (1, 2, 3)]
+        ps = [p["prompt"] for b in [main, *refills] for p in b]
+        old_repeats += len(ps) - len(set(ps))
+    assert old_repeats > 0
+    seen = []
+    for step in range(12):  # 12 steps x 16 prompts = 4 epochs of 48
+        ps = [p["prompt"] for r in range(4) for p in vapo.step_prompts(rows, step, cfg, r)]
+        assert len(set(ps)) == len(ps)  # no prompt twice within a step
+        seen += ps
+    for epoch in range(4):  # every prompt once an epoch: the frequencies cannot drift
+        assert sorted(seen[48 * epoch:48 * (epoch + 1)]) == sorted(r["prompt"] for r in rows)
+    off = dataclasses.replace(cfg, dynamic_sampling=False)  # the other algorithms' stream is as it was
+    assert vapo.step_prompts(rows, 5, off) == data.prompt_batch(rows, 5, 4, cfg.seed)
+
+
+def test_the_paper_preset_in_the_papers_units_and_verls_unstated_choices():
+    """#31.2, 6, 7: DAPO's overlong cache is the last 20% of the budget (it began at half of it), the paper's
+    ~5,000 steps are gradient updates, and where the paper is silent the preset takes verl's defaults."""
+    import config
+    parse = lambda argv: config.config_from_args(vapo.Config, vapo.ALGORITHMS, argv)[0]  # noqa: E731
+    paper = parse(["--preset", "paper"])
+    assert paper.overlong_cache == round(0.2 * paper.max_new_tokens) == 1638
+    assert vapo.overlong_penalty(6000, paper.max_new_tokens, paper.overlong_cache) == 0.0  # was 0.54
+    updates = paper.steps * paper.batch_size // paper.mini_batch_size * paper.ppo_epochs
+    assert paper.batch_size // paper.mini_batch_size == 16 and 5000 <= updates < 5000 + 16
+    assert paper.whiten_advantages and paper.value_clip == 0.5
+    longer = parse(["--preset", "paper", "--max-new-tokens", "20480"])
+    assert longer.overlong_cache == 4096  # DAPO's own: the cache scales with the budget
+    for name in ("demo", "long"):  # the built-in presets: the penalty starts after the longest correct response
+        cfg = parse(["--preset", name])
+        assert cfg.max_new_tokens - cfg.overlong_cache == {"demo": 112, "long": 416}[name]
+
+
+def test_kl_coef_keeps_a_frozen_initial_policy_and_logs_the_kl(tiny_model_dir, tmp_path):
+    """--kl-coef (a lever of the long-chain study, off by default as in the paper): the KL to the initial weights
+    is 0 on the first mini-batch and grows once the policy has moved; with 0 no reference exists."""
+    cfg = tiny_config(tiny_model_dir, tmp_path / "kl", kl_coef=0.5, steps=2)
+    records = [r for r in read_metrics(vapo.train(cfg)) if "kl_ref" in r]
+    assert len(records) == 2 and 0 < records[-1]["kl_ref"] < 1
+    assert "kl_ref" not in read_metrics(vapo.train(tiny_config(tiny_model_dir, tmp_path / "off")))[-1]
+    with pytest.raises(ValueError, match="--kl-coef"):
+        Config(kl_coef=-1.0).validate()

@@ -109,7 +109,30 @@ def test_a_run_records_the_views_at_step_0_after_pretraining_and_at_each_evaluat
     assert os.path.exists(os.path.join(cfg.output_dir, "views", "step-0-pretrained", "probe-0.png"))
     assert os.path.exists(os.path.join(cfg.output_dir, "views", "step-2", "index.html"))
 
-    views = run.TokenViews(SimpleNamespace(cfg=cfg, dir=cfg.output_dir, parallel=run.SingleProcess()))
+    class FakeRun(SimpleNamespace):  # a class: TokenViews holds its run by a weak reference
+        pass
+    fake = FakeRun(cfg=cfg, dir=cfg.output_dir, parallel=run.SingleProcess())
+    views = run.TokenViews(fake)
     views.truncate(1)  # what Run.restore does on a resume from a step-1 checkpoint
     assert [(r["step"], r["stage"]) for r in plots.read_tokens(cfg.output_dir)] == [
         (0, "step 0"), (0, "after value pretraining"), (1, "evaluation")]
+
+
+def test_the_views_mark_where_a_wrong_response_first_goes_wrong(tmp_path, tiny_model_dir):
+    """#30: the task knows every correct step, so a wrong probe's record names its first wrong token
+    (task.first_error), and its figure and the page mark it."""
+    record = hand_made_record(torch.Generator().manual_seed(0))
+    record["probes"][0]["first_error"] = 2
+    drawn = plots.probe_figure(record, record["probes"][0], str(tmp_path / "one.png"))
+    assert drawn["first wrong token"] == 2
+    assert "first wrong token" not in plots.probe_figure(record, record["probes"][1], str(tmp_path / "two.png"))
+    page = plots.tokens_html(record, [0, 1])
+    assert page.count("outline:2px solid purple") == 1 and "first wrong token: t=2" in page
+    cfg = vapo.Config(model=tiny_model_dir, dataset="builtin", steps=1, prompts_per_step=2, samples_per_prompt=2,
+                      mini_batch_size=4, micro_batch_size=2, max_new_tokens=16, value_pretrain_steps=0,
+                      eval_every=0, eval_prompts=4, eval_samples=1, save_every=0,
+                      output_dir=str(tmp_path / "run")).validate()
+    vapo.train(cfg)
+    drawn = [p for r in plots.read_tokens(cfg.output_dir) for p in r["probes"] if "pieces" in p]
+    assert drawn and all(("first_error" in p) == (p["reward"] < 0) for p in drawn)  # a random model: all wrong
+    assert all(0 <= p["first_error"] < p["length"] for p in drawn if "first_error" in p)
