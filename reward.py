@@ -45,6 +45,11 @@ import threading
 import time
 from typing import Callable, Sequence
 
+try:  # optional: only math datasets need it (_math_verify says so when it is missing)
+    import math_verify
+except ImportError:
+    math_verify = None
+
 
 logger = logging.getLogger(__name__)
 
@@ -190,13 +195,11 @@ def _join_digit_groups(latex: str) -> str:
 
 
 def _math_verify():
-    """math-verify's module, imported on first use: the built-in task scores with arith_reward alone, so its whole
-    path (and bench/gpu_check.py on a machine without math-verify) runs where math-verify is not installed."""
-    try:
-        import math_verify
-    except ImportError as e:
+    """math-verify's module, or ImportError saying that it is missing: the built-in task scores with arith_reward
+    alone, so its whole path (and bench/gpu_check.py on a machine without math-verify) runs without it."""
+    if math_verify is None:
         raise ImportError("math datasets are scored with math-verify, which is not installed: "
-                          "pip install 'math-verify>=0.7' (the built-in task does not need it)") from e
+                          "pip install 'math-verify>=0.7' (the built-in task does not need it)")
     return math_verify
 
 
