@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import task  # noqa: E402
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards  # noqa: E402
 from losses import explained_variance, head_mask  # noqa: E402
-from models import load_policy, load_value_model, value_model_from_policy  # noqa: E402
+from models import load_policy, load_tokenizer, load_value_model, value_model_from_policy  # noqa: E402
 from rollout import HFEngine, score_rollout  # noqa: E402
 
 FIFTHS = 5
@@ -159,7 +159,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     policy, rollout, rewards, decisive = sample_set(args.policy, args.prompts, args.samples, args.seed)
     mask = rollout.response_mask
-    errors = error_masks(rollout, load_policy(folder_of(args.policy), dtype=torch.float32)[1], args.prompts)
+    errors = error_masks(rollout, load_tokenizer(folder_of(args.policy)), args.prompts)  # the tokenizer only
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "policy": args.policy, "responses": rollout.B,
               "mean_length": float(rollout.lengths.float().mean()), "right": float((rewards > 0).float().mean()),
