@@ -61,8 +61,11 @@ WRONG_REWARD = -1.0
 ITEM_TIMEOUT_S = 5.0
 """score_batch's hard wall-clock bound per item, enforced by killing the worker that exceeds it."""
 MATH_VERIFY_TIMEOUT_S = 2
-"""math-verify's own (soft, signal.alarm based, whole seconds) timeout per parse and per comparison. It lets a
-worker give up on most pathological answers without being killed; the hard bound above catches the rest."""
+"""math_equal's soft bound (seconds) per comparison, parsing included. It lets a worker give up on most
+pathological answers without being killed; the hard bound above catches the rest (time in C code)."""
+SOFT_BOUND_REPEAT_S = 0.1
+"""After the soft bound expires, its alarm repeats at this interval until the comparison has stopped: one
+interrupt can be lost (raised inside a garbage-collection callback, Python prints it and carries on)."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are wrong without parsing: no final answer to a math problem is that
 long, and parsing a 100k-digit number alone takes most of a second."""
@@ -203,15 +206,70 @@ def _math_verify():
     return math_verify
 
 
-def _parse_answer(answer: str, timeout_s: int | None) -> list:
+def _parse_answer(answer: str) -> list:
     mv = _math_verify()
     # Wrapping in \boxed{} tells math-verify that the whole string is the answer. LaTeX extraction only:
     # math-verify's plain-expression extractor hands text to sympy's parse_expr, which runs eval.
     latex = "\\boxed{" + _join_digit_groups(answer) + "}"
-    return mv.parse(latex, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=timeout_s)
+    return mv.parse(latex, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
 
 
-def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIFY_TIMEOUT_S,
+class _SoftBoundExpired(BaseException):
+    """Raised by _soft_bounded's alarm. A BaseException, as math-verify's own TimeoutException, so that the
+    `except Exception` blocks of math-verify and sympy let it through."""
+
+
+_soft_bound_expiries = 0
+"""How many _soft_bounded calls in this process were cut short: score_batch counts its items' cut_short
+from this."""
+
+
+class _QuietTimeoutNotice(logging.Filter):
+    """math-verify warns once per process that its timeouts are off and that the caller must bound the time
+    itself: math_equal does (_soft_bounded), so that warning is dropped; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+logging.getLogger("math_verify.grader").addFilter(_QuietTimeoutNotice())
+logging.getLogger("math_verify.parser").addFilter(_QuietTimeoutNotice())
+
+
+def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
+    """fn(), or None if it ran past `seconds` of wall-clock time: SIGALRM (signal.setitimer) then raises
+    _SoftBoundExpired in the code running, and again every SOFT_BOUND_REPEAT_S until fn has stopped, so that an
+    interrupt lost in a garbage-collection callback is followed by another. Never raised in this function's own
+    frame (its bookkeeping), so the alarm cannot escape it. Main thread only: ValueError elsewhere."""
+    global _soft_bound_expiries
+    this_frame = _soft_bounded.__code__
+
+    def alarm(signum, frame):
+        if frame is not None and frame.f_code is not this_frame:
+            raise _SoftBoundExpired
+
+    try:
+        previous = signal.signal(signal.SIGALRM, alarm)
+    except ValueError:
+        raise ValueError("math_equal's timeout uses SIGALRM, which only the main thread can handle: call it from "
+                         "the main thread (as score_batch's workers do), or pass timeout_s=None and bound the "
+                         "time yourself") from None
+    expired = False
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds, SOFT_BOUND_REPEAT_S)
+        result = fn()
+    except _SoftBoundExpired:
+        expired = True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    if expired:
+        _soft_bound_expiries += 1
+        return None
+    return result
+
+
+def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VERIFY_TIMEOUT_S,
                max_chars: int = MAX_ANSWER_CHARS) -> bool:
     """True if the answer `prediction` is mathematically equal to the answer `gold`.
 
@@ -222,9 +280,9 @@ def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIF
     thousands separators ("1\\,000"), which math-verify reads as a product.
 
     Edge cases: identical strings are equal without parsing; blank strings equal nothing; a prediction longer
-    than max_chars or with unbalanced braces is not equal to anything; a timeout inside math-verify counts as
-    not equal. math-verify's timeouts use signal.alarm, so call this from a process's main thread (as
-    score_batch's workers do), or pass timeout_s=None and bound the time yourself.
+    than max_chars or with unbalanced braces is not equal to anything; a comparison (parsing included) that
+    runs past timeout_s seconds is cut short and not equal. The bound uses SIGALRM, so call this from a
+    process's main thread (as score_batch's workers do), or pass timeout_s=None and bound the time yourself.
     """
     prediction, gold = prediction.strip(), gold.strip()
     if not prediction or not gold:
@@ -233,9 +291,17 @@ def math_equal(prediction: str, gold: str, *, timeout_s: int | None = MATH_VERIF
         return True
     if len(prediction) > max_chars or not (_braces_balanced(prediction) and _braces_balanced(gold)):
         return False
-    gold_parsed = _parse_answer(gold, timeout_s)
-    prediction_parsed = _parse_answer(prediction, timeout_s)
-    return _math_verify().verify(gold_parsed, prediction_parsed, timeout_seconds=timeout_s)
+    mv = _math_verify()
+
+    def compare() -> bool:
+        # math-verify's own timeouts stay off (None): each is one signal.alarm, and an alarm that fires inside
+        # a weakref callback (sympy's caches have many) is printed and lost, leaving the comparison unbounded.
+        return mv.verify(_parse_answer(gold), _parse_answer(prediction), timeout_seconds=None)
+
+    if timeout_s is None:
+        return compare()
+    equal = _soft_bounded(compare, timeout_s)
+    return bool(equal)  # None, cut short at the bound, is not equal
 
 
 def math_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
@@ -350,42 +416,35 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
 _READY = "ready"
 
 
-class _TimeoutCounter(logging.Handler):
-    """Counts math-verify's own timeouts. math-verify reports one only as a WARNING log record ("Timeout during
-    parsing: <the answer>", "Timeout during comparison") and then treats that parse or comparison as failed."""
+class _CutShort:
+    """Counts math_equal's soft-bound expiries in this process (count grows by one per comparison cut short)."""
 
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("Timeout during"):
-            self.count += 1
+    @property
+    def count(self) -> int:
+        return _soft_bound_expiries
 
 
 @contextlib.contextmanager
 def _math_verify_timeouts():
-    """Inside: math-verify's timeouts are counted (the handler yielded), and its log records go nowhere else, so
-    none reaches the console (unconfigured logging prints WARNINGs to stderr, one per timeout, quoting the answer
-    however long). score_batch reports the counts instead. The logger's settings are restored on exit."""
+    """Inside: the comparisons cut short at math_equal's soft bound are counted (the counter yielded), and
+    math-verify's log records go nowhere else, so none reaches the console (unconfigured logging prints WARNINGs
+    to stderr, some quoting the answer however long). score_batch reports the counts instead. The logger's
+    settings are restored on exit."""
     log = logging.getLogger("math_verify")
-    counter = _TimeoutCounter()
     level, propagate = log.level, log.propagate
-    log.setLevel(logging.WARNING)
+    log.setLevel(logging.ERROR)
     log.propagate = False
-    log.addHandler(counter)
     try:
-        yield counter
+        yield _CutShort()
     finally:
-        log.removeHandler(counter)
         log.setLevel(level)
         log.propagate = propagate
 
 
 def _worker_main(conn) -> None:
     """Body of a scoring process: for each pickled (verifier, response, gold) received, send back
-    ("ok", score, cut_short) or ("error", message, cut_short), where cut_short says whether math-verify's own
-    timeout stopped a parse or comparison of that item. Exits when the parent closes the pipe."""
+    ("ok", score, cut_short) or ("error", message, cut_short), where cut_short says whether math_equal's soft
+    bound cut that item short. Exits when the parent closes the pipe."""
     # Ctrl-C reaches the whole process group; the parent decides what happens to its workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.send(_READY)
@@ -425,7 +484,7 @@ class _Worker:
 
 class _Tally:
     """What went wrong in one score_batch call, for its log line and stats: items killed at the time bound
-    (timeouts), items cut short by math-verify's own timeout (cut_short), verifier failures (errors)."""
+    (timeouts), items cut short by math_equal's soft bound (cut_short), verifier failures (errors)."""
 
     def __init__(self):
         self.timeouts = self.cut_short = self.errors = 0
@@ -587,18 +646,18 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     seconds from when it is sent to a worker (on a fresh worker this includes importing the verifier's
     module). The pool is started on first use and kept for later calls (one per num_workers), so start-up
     (about 1-2 s, more if the main script has heavy imports, since spawn re-imports it) is paid once per
-    process; it is closed at interpreter exit. Processes, not threads: math-verify's timeouts use
-    signal.alarm, and only a process can be killed when it hangs in C code.
+    process; it is closed at interpreter exit. Processes, not threads: math_equal's soft bound uses
+    SIGALRM, and only a process can be killed when it hangs in C code.
 
     Scored as `wrong` without a verdict, and counted, never silently: an item that exceeds timeout_s (its
     worker is killed and replaced), a verifier that raises or returns a non-finite number, a worker that dies
     (replaced; no other item is lost). Responses longer than max_response_chars are scored as `wrong` without
-    being parsed or sent to a worker. Also counted: items during which math-verify's own timeout
-    (MATH_VERIFY_TIMEOUT_S) cut a parse or comparison short; the verifier's score stands (math_equal counts a
-    cut-short comparison as not equal). math-verify's own log line per timeout is kept off the console.
+    being parsed or sent to a worker. Also counted: items during which math_equal's soft bound
+    (MATH_VERIFY_TIMEOUT_S) cut a comparison short; the verifier's score stands (math_equal counts a
+    cut-short comparison as not equal). math-verify's own log lines are kept off the console.
 
     The counts of one call go to `stats`, when given, as ints:
-        stats["reward/timeouts"]   items killed at timeout_s + items cut short by math-verify's own timeout
+        stats["reward/timeouts"]   items killed at timeout_s + items cut short by math_equal's soft bound
         stats["reward/errors"]     verifier exceptions, non-finite scores, dead workers
         stats["reward/oversized"]  responses longer than max_response_chars
     and the call's summary line is logged at DEBUG (the caller logs the counts with its metrics); without
@@ -642,7 +701,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     if timeouts or tally.errors or oversized:
         logger.log(logging.WARNING if stats is None else logging.DEBUG,
                    "score_batch: %d of %d items without a verdict: %d timed out (%d killed after %g s and scored "
-                   "%s, %d cut short by math-verify's own %d s timeout), %d failed%s and scored %s, %d longer "
+                   "%s, %d cut short by the %g s soft bound), %d failed%s and scored %s, %d longer "
                    "than %d chars and scored %s", timeouts + tally.errors + oversized, len(responses), timeouts,
                    tally.timeouts, timeout_s, wrong, tally.cut_short, MATH_VERIFY_TIMEOUT_S, tally.errors,
                    f" ({'; '.join(tally.examples)})" if tally.errors else "", wrong, oversized,

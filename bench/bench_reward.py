@@ -104,7 +104,7 @@ def main() -> None:
     print(f"trainer-sized call (256 samples, warm pool): {step:.2f} s")
 
     print(f"pathological items, alone, default bound timeout_s = {reward.ITEM_TIMEOUT_S} s "
-          f"(math-verify's own timeout {reward.MATH_VERIFY_TIMEOUT_S} s):")
+          f"(math_equal's soft bound, {reward.MATH_VERIFY_TIMEOUT_S} s):")
     cases = {"9^{9^{9^9}}": "\\boxed{9^{9^{9^9}}}", "(10^{8})!": "\\boxed{(10^{8})!}",
              "100k-digit number": "\\boxed{" + "1" * 100_000 + "}",
              "5000 nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
