@@ -2,6 +2,7 @@
 
     python bench/long_study.py --tier 1 --jobs 2          # the tier's runs, two one-thread processes at a time
     python bench/long_study.py --report                   # the table of every finished run, nothing run
+    python bench/long_study.py --tier 2 --centre lr1.5e-5-mb4 --points lr1.5e-5-mb4+kl0.01   # exploratory
 
 The grid is fixed here before any of its results were seen, and every point is reported, the losers included.
 Each run is `python vapo.py --preset long --seed S` with the point's options, trained as the preset trains but
@@ -19,7 +20,9 @@ the points whose validation misread rate is at most the base model's plus 2 poin
 - tier 2, around tier 1's best: mini-batch 8 (8 steps per rollout), 2 PPO epochs, critic_lr 3e-4, a KL term to the
   initial policy (kl_coef 0.01), one at a time; and alpha 0.1 (lambda_policy = 1 - 1 / (0.1 l): 0.9 at 100 tokens,
   where 0.5 gives 0.98), added before any tier-2 run because bench/critic_bias.py measured the preset's lambda
-  spreading wrong responses' blame over their correct steps before the first error.
+  spreading wrong responses' blame over their correct steps before the first error; and mu 1 (the positive-example
+  NLL ten times the paper's 0.1: it imitates correct samples, whose lookups are all right), added while the first
+  tier-2 runs were under way, before any of their results was seen.
 """
 from __future__ import annotations
 
@@ -45,7 +48,9 @@ TIER1 = {f"lr{lr}-mb{mb}": ["--actor-lr", lr, "--mini-batch-size", str(mb),  # m
          for lr in ("1.5e-4", "5e-5", "1.5e-5") for mb in (32, 4)}
 TIER2_LEVERS = {"mb8": ["--mini-batch-size", "8"], "epochs2": ["--ppo-epochs", "2"],
                 "critic3e-4": ["--critic-lr", "3e-4"], "kl0.01": ["--kl-coef", "0.01"],
-                "alpha0.1": ["--alpha", "0.1"]}  # added before any tier-2 run, from bench/critic_bias.py's measure
+                "alpha0.1": ["--alpha", "0.1"],  # added before any tier-2 run, from bench/critic_bias.py's measure
+                "mu1": ["--mu", "1.0"]}  # added before any tier-2 result was seen: the positive-example NLL imitates
+#                                          correct samples, whose lookups are all right, ten times as strongly
 
 
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:
@@ -171,6 +176,10 @@ def main():
     parser.add_argument("--tier", type=int, choices=(1, 2), default=1)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--points", nargs="+", help="only these points of the tier (default all), e.g. to run the "
+                        "leading points' further seeds first")
+    parser.add_argument("--centre", help="tier 2 around this tier-1 point instead of the rule's pick: beyond the "
+                        "fixed grid, so its runs are exploratory and reported as such")
     parser.add_argument("--report", action="store_true", help="only the table of the finished runs")
     args = parser.parse_args()
     base = base_judgement(args.out)
@@ -180,9 +189,14 @@ def main():
         if args.tier == 1:
             grid = TIER1
         else:
-            centre = pick([r for r in done() if r["point"] in TIER1], base)
+            centre = args.centre or pick([r for r in done() if r["point"] in TIER1], base)
+            if centre not in TIER1:
+                parser.error(f"--centre: not a tier-1 point: {centre} (they are {', '.join(TIER1)})")
             grid = {f"{centre}+{lever}": [*TIER1[centre], *extra] for lever, extra in TIER2_LEVERS.items()}
-        jobs = [(name, seed, a) for seed in args.seeds for name, a in grid.items()]
+        unknown = set(args.points or ()) - set(grid)
+        if unknown:
+            parser.error(f"--points: not in tier {args.tier}: {', '.join(sorted(unknown))} (it has {', '.join(grid)})")
+        jobs = [(name, seed, a) for seed in args.seeds for name, a in grid.items() if name in (args.points or grid)]
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(lambda j: judged(args.out, *j), jobs))
     report = (f"Validation split: {VALIDATION_PROBLEMS} train-split problems (seed {VALIDATION_SEED}), "

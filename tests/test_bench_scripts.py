@@ -276,3 +276,25 @@ def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
     assert report["sample"]["max_new_tokens"] < report["sample"]["asked_new_tokens"] == 32
     assert "cut from 32 to fit" in proc.stdout
     assert "vllm" not in report and "resume" not in report
+
+
+def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
+    """The tiers' rule: best mean validation greedy among the points whose greedy misread rate is at most the base
+    model's plus 2 points, else the best overall; the table keeps the losers, with their seed counts."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_study
+
+    def result(point, seed, greedy, misread):
+        split = {"accuracy": greedy, "lookup_rate": misread, "habit_rate": 0.1}
+        return {"point": point, "seed": seed, "validation": {"greedy": split, "sampled": split},
+                "run": {"clip_frac_low": 0.001, "clip_frac_high": 0.0, "approx_kl": 1e-4}}
+
+    base = {"greedy": {"accuracy": 0.58, "lookup_rate": 0.08}, "sampled": {"accuracy": 0.16, "lookup_rate": 0.13,
+                                                                          "habit_rate": 0.27}}
+    results = [result("fast", 0, 0.70, 0.15), result("fast", 1, 0.70, 0.15),  # best greedy, too many misreads
+               result("slow", 0, 0.60, 0.09), result("slow", 1, 0.62, 0.10), result("still", 0, 0.59, 0.08)]
+    assert long_study.pick(results, base) == "slow"
+    assert long_study.pick([r for r in results if r["point"] == "fast"], base) == "fast"  # none passes: best
+    table = long_study.table(results, base)
+    assert "| fast | 2 | 70.0" in table and "| slow | 2 | 61.0" in table and "| still | 1 | 59.0" in table
+    assert table.count("\n| ") == 4  # the base model's row and every point's
