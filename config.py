@@ -60,6 +60,8 @@ class RunOptions:
     """held-out prompts per evaluation (at most)"""
     eval_samples: int = 32
     """k of avg@k: samples per held-out prompt (paper: avg@32)"""
+    eval_sampled_prompts: int | None = None
+    """avg@k on the first this many of the eval_prompts only (none = all): greedy costs one response a prompt and avg@k eval_samples, so greedy can take more prompts for the same time and reach a smaller standard error"""
     eval_temperature: float = 1.0
     """evaluation temperature (paper: 1.0)"""
     eval_top_p: float = 0.7
@@ -211,6 +213,8 @@ def validate(cfg, algorithms: dict):
         (lambda: c.save_every >= 0, "save_every", "must be >= 0"),
         (lambda: c.eval_prompts >= 0, "eval_prompts", "must be >= 0"),
         (lambda: c.eval_samples >= 1, "eval_samples", "must be >= 1"),
+        (lambda: c.eval_sampled_prompts is None or c.eval_sampled_prompts >= 1, "eval_sampled_prompts",
+         "must be >= 1 (or none: all eval_prompts)"),
         (lambda: c.eval_batch_size is None or c.eval_batch_size >= 1, "eval_batch_size", "must be >= 1 (or none)"),
         (lambda: 0 < c.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
         (lambda: c.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),

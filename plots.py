@@ -61,8 +61,11 @@ def plot_metrics(path: str, out: str) -> str:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     ax = axes[0, 0]
     keys = sorted({k for r in evals for k in r if k.startswith("eval/acc")})
-    for key in [k for k in keys if "_steps_" not in k]:
-        ax.plot(*_series(evals, "step", key), "o-", label=key.removeprefix("eval/"))
+    for key in [k for k in keys if "_steps_" not in k and not k.endswith("_se")]:  # with +- 1 standard error
+        pts = [(r["step"], r[key], r.get(key + "_se", 0.0)) for r in evals
+               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt="o-", capsize=3,
+                    label=key.removeprefix("eval/"))
     for key in [k for k in keys if "_steps_" in k and "_greedy_" not in k]:  # the long chains' bands, sampled
         name, band = key.removeprefix("eval/acc_").split("_steps_")
         ax.plot(*_series(evals, "step", key), ".:", lw=1, label=f"{name}, {band} steps")

@@ -377,6 +377,31 @@ def first_error(response: str, problem: dict) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(response, correct)) if a != b), min(len(response), len(correct)))
 
 
+def first_error_kind(response: str, problem: dict) -> str | None:
+    """What a wrong response's first wrong line did, against the correct chain (solve(problem)): "misread" (its
+    label, sign or term is not the prompt's: a lookup), "habit" (a borrow step writing habit_value), "slip" (any
+    other wrong total on a line whose term is right), "early" (an answer line before the chain's end, a shortcut
+    included) or "other" (a line that is not a step line, or a wrong answer after a right chain); None when the
+    answer is right. One kind per response, where step_errors counts every line (a skipped term misaligns all
+    the lines after it)."""
+    if is_correct(response, problem["answer"]):
+        return None
+    for line, want in zip(response.split("\n"), solve(problem).split("\n")[:-1]):
+        if line == want:
+            continue
+        m, w = _LINE.fullmatch(line), _LINE.fullmatch(want)
+        if m is None:
+            return "early" if line.startswith(ANSWER_PREFIX) else "other"
+        if m.group(2, 3, 4) != w.group(2, 3, 4):
+            return "misread"
+        a, op, b = int(m[1]), m[3], int(m[4])
+        return "habit" if is_borrow_step(a, op, b) and int(m[5]) == habit_value(a, op, b) else "slip"
+    return "other"
+
+
+FIRST_ERROR_KINDS = ("misread", "habit", "slip", "early", "other")
+
+
 # --- evaluation ---------------------------------------------------------------------------------------------
 def generate_responses(model, tokenizer, problems: list[dict], temperature: float, top_p: float = 1.0,
                        samples: int = 1, max_new_tokens: int = MAX_RESPONSE_TOKENS, batch_size: int = 128,
@@ -410,14 +435,19 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
     sampled `samples` times. Returns {"accuracy", "by_steps": {n_steps: accuracy}, "count" (responses
     scored), "mean_tokens" (mean response length in tokens, EOS included), "steps": step_errors summed, with
     the rates "habit_rate" and "borrow_ok_rate" (per borrow step), "other_error_rate" (per other step) and
-    "lookup_rate" (per step), "shortcut_rate" (responses that answer at once, without a chain)}.
+    "lookup_rate" (per step), "shortcut_rate" (responses that answer at once, without a chain), "first_errors":
+    {kind: share of all responses whose first error is of that kind} (first_error_kind)}.
     """
     hits, tokens, steps, shortcuts = {}, 0, {}, 0
+    first = dict.fromkeys(FIRST_ERROR_KINDS, 0)
     for p, text, length in generate_responses(model, tokenizer, problems, temperature, top_p, samples,
                                               max_new_tokens, batch_size):
         tokens += length
         hits.setdefault(p["n_steps"], []).append(is_correct(text, p["answer"]))
         shortcuts += text.startswith(ANSWER_PREFIX)
+        kind = first_error_kind(text, p)
+        if kind is not None:
+            first[kind] += 1
         for k, v in step_errors(text, p).items():
             steps[k] = steps.get(k, 0) + v
     flat = [h for v in hits.values() for h in v]
@@ -428,7 +458,8 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], temperature: float
     return {"accuracy": sum(flat) / max(len(flat), 1),
             "by_steps": {n: sum(v) / len(v) for n, v in sorted(hits.items())},
             "count": len(flat), "mean_tokens": tokens / max(len(flat), 1), "steps": steps,
-            "shortcut_rate": shortcuts / max(len(flat), 1)}
+            "shortcut_rate": shortcuts / max(len(flat), 1),
+            "first_errors": {k: v / max(len(flat), 1) for k, v in first.items()}}
 
 
 def band_of(n_steps: int, width: int = 10) -> str:

@@ -712,28 +712,37 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[str, float]:
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
-    greedy. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is untouched.
-    Sampled in passes of eval_batch prompts, so that the KV cache never holds more rows than a training rollout's
+    greedy, each with its standard error over prompts (standard_error); avg@k on the first eval_sampled_prompts rows
+    only, when set. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is
+    untouched. Sampled in passes of eval_batch prompts, so that the KV cache never holds more rows than a training rollout's
     (or --eval-batch-size prompts x k)."""
     # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
     bands = sorted({r["band"] for r in rows if "band" in r}, key=lambda b: int(b.split("-")[0]))
-    out, rows = {}, parallel.shard(rows)  # each process evaluates its share; the figures are over all of them
+    sampled = rows[:cfg.eval_sampled_prompts]  # avg@k on the first eval_sampled_prompts (all by default)
+    out = {}
     eval_batch = cfg.eval_batch_size or max(1, cfg.batch_size // cfg.eval_samples)
-    for name, n, temperature, top_p in (("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature,
-                                         cfg.eval_top_p), ("greedy", 1, 0.0, 1.0)):
-        if not rows:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
+    for name, n, temperature, top_p, mine in (
+            ("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, sampled),
+            ("greedy", 1, 0.0, 1.0, rows)):
+        prompts = len(mine)
+        mine = parallel.shard(mine)  # each process evaluates its share; the figures are over all of them
+        if not mine:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
             out[f"eval/acc_{name}"] = batch_mean(torch.zeros(0))
+            out[f"eval/acc_{name}_se"] = standard_error(torch.zeros(0), prompts)
             out[f"eval/response_len_{name}"] = batch_mean(torch.zeros(0))
             out |= {f"eval/acc_{name}_steps_{band}": batch_mean(torch.zeros(0)) for band in bands}
             continue
         with autocast(cfg, engine.device):
-            rollout = engine.generate([r["prompt"] for r in rows], n=n, temperature=temperature, top_p=top_p,
+            rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
                                       seed=cfg.seed + 7919, batch_size=eval_batch)
-        scores = verify(rollout, rows, cfg, verifier)
+        scores = verify(rollout, mine, cfg, verifier)
         out[f"eval/acc_{name}"] = batch_mean(scores > 0)
+        per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right
+            0, rollout.prompt_index.long().cpu(), (scores > 0).double().cpu()) / n
+        out[f"eval/acc_{name}_se"] = standard_error(per_prompt, prompts)
         out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
         for band in bands:
-            pick = torch.tensor([rows[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
+            pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
             out[f"eval/acc_{name}_steps_{band}"] = batch_mean(scores[pick] > 0)
     return out
 
@@ -772,6 +781,13 @@ def batch_mean(x: torch.Tensor) -> float:
     total = parallel.all_sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()), dtype=torch.float64,
                                                                            device=x.device)]))
     return (total[0] / total[1].clamp(min=1)).item()
+
+
+def standard_error(per_prompt: torch.Tensor, prompts: int) -> float:
+    """Standard error of an accuracy over prompts, sqrt(s^2 / P) with s^2 the sample variance of each prompt's
+    mean score (its samples are not independent draws, so the prompt is the unit), over all processes' prompts."""
+    mean, square = batch_mean(per_prompt), batch_mean(per_prompt ** 2)
+    return ((square - mean ** 2) * prompts / max(prompts - 1, 1) / max(prompts, 1)) ** 0.5
 
 
 def batch_sum(x: torch.Tensor) -> float:

@@ -9,8 +9,10 @@ Each run is `python vapo.py --preset long --seed S` with the point's options, tr
 with no held-out evaluation on the way (the docs' held-out set plays no part in choosing settings). Its final
 policy, and the base model once, are judged on a **validation split drawn from the training distribution**:
 problems of the train split (task.split_of) from a seed no run trains on, less any prompt the run itself drew.
-Per run: greedy accuracy, avg@k (k samples at temperature 1, top-p 1, as the preset evaluates), and per step
-written the misread-term rate (lookups), the habit rate (per borrow step) and the other slips, greedy and sampled;
+Per run: greedy accuracy, avg@k (k samples at temperature 1, top-p 1, as the preset evaluates), per step written
+the misread-term rate (lookups), the habit rate (per borrow step) and the other slips, greedy and sampled, and per
+response the kind of its first error (task.first_error_kind: one kind a response, where the per-step rate counts
+a skipped term again on every later line; judgements from before it have none);
 the clipped shares of tokens at each bound and the approximate KL over the run, from its metrics.jsonl.
 
 Tiers (run in order; a later tier's centre is the earlier tier's best point on validation greedy accuracy, among
@@ -87,7 +89,8 @@ def judge(folder: str, rows: list[dict]) -> dict:
                                      max_new_tokens=task.LONG.max_response_tokens, batch_size=128)
         out[name] = {"accuracy": acc["accuracy"], "lookup_rate": acc["steps"]["lookup_rate"],
                      "habit_rate": acc["steps"]["habit_rate"], "other_error_rate": acc["steps"]["other_error_rate"],
-                     "shortcut_rate": acc["shortcut_rate"], "mean_tokens": acc["mean_tokens"]}
+                     "shortcut_rate": acc["shortcut_rate"], "mean_tokens": acc["mean_tokens"],
+                     "first_errors": acc["first_errors"]}
     return out
 
 
@@ -152,11 +155,16 @@ def table(results: list[dict], base: dict) -> str:
         s = (statistics.stdev(vals) * (100 if pct else 1)) if len(vals) > 1 else 0.0
         return f"{m:.1f} +- {s:.1f}" if pct else f"{m:.2g} +- {s:.1g}"
     head = ("| point | seeds | greedy % | avg@2 % | misread % (greedy) | misread % (sampled) | habit % (sampled) "
-            "| clip low % | clip high % | approx KL |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            "| first error a misread, % of responses (greedy) | first error the habit, % (sampled) "
+            "| clip low % | clip high % | approx KL |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    def first(judgement, decoding, kind):  # task.first_error_kind's share (judgements from before it: None)
+        figures = judgement.get("validation", judgement)[decoding]
+        return figures["first_errors"][kind] if "first_errors" in figures else None
     b = base
     lines = [f"| base model | - | {100 * b['greedy']['accuracy']:.1f} | {100 * b['sampled']['accuracy']:.1f} | "
              f"{100 * b['greedy']['lookup_rate']:.1f} | {100 * b['sampled']['lookup_rate']:.1f} | "
-             f"{100 * b['sampled']['habit_rate']:.1f} | - | - | - |"]
+             f"{100 * b['sampled']['habit_rate']:.1f} | {cell([first(b, 'greedy', 'misread')])} | "
+             f"{cell([first(b, 'sampled', 'habit')])} | - | - | - |"]
     points = {}
     for r in results:
         points.setdefault(r["point"], []).append(r)
@@ -165,7 +173,8 @@ def table(results: list[dict], base: dict) -> str:
         f = lambda key: [r["run"][key] for r in rs]  # noqa: E731
         lines.append(f"| {p} | {len(rs)} | {cell(v('greedy', 'accuracy'))} | {cell(v('sampled', 'accuracy'))} | "
                      f"{cell(v('greedy', 'lookup_rate'))} | {cell(v('sampled', 'lookup_rate'))} | "
-                     f"{cell(v('sampled', 'habit_rate'))} | {cell(f('clip_frac_low'))} | "
+                     f"{cell(v('sampled', 'habit_rate'))} | {cell([first(r, 'greedy', 'misread') for r in rs])} | "
+                     f"{cell([first(r, 'sampled', 'habit') for r in rs])} | {cell(f('clip_frac_low'))} | "
                      f"{cell(f('clip_frac_high'))} | {cell(f('approx_kl'), pct=False)} |")
     return head + "\n".join(lines) + "\n"
 

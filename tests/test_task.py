@@ -218,3 +218,29 @@ def test_first_error_is_where_a_wrong_response_leaves_the_correct_chain():
     assert task.first_error(misread, p) == 13 and misread[13] == "c"  # a misread label, though the answer's
     assert task.first_error("Answer: 3", p) == 0  # a wrong guess leaves the chain at once
     assert task.first_error(right[:20], p) == 20  # cut short: wrong where it stops
+
+
+def test_first_error_kind_names_what_a_wrong_response_did_first():
+    """#30: one kind per wrong response, from its first wrong line (step_errors counts every line, so a skipped
+    term misaligns all the later ones); evaluate_accuracy gives each kind's share of the responses."""
+    p = {"prompt": "Compute: 7 a+5 b-7 c+9 d-6\n", "answer": "8", "n_steps": 4, "expr": "7+5-7+9-6"}
+    kind = lambda text: task.first_error_kind(text, p)  # noqa: E731
+    assert kind(task.solve(p)) is None and kind("Answer: 8") is None
+    assert kind("07 a+5=12\n12 b-7=15\n15 c+9=24\n24 d-6=18\nAnswer: 18") == "habit"  # forgot 12-7's borrow
+    assert kind("07 a+5=12\n12 b-9=03\n03 c+9=12\n12 d-6=06\nAnswer: 6") == "misread"  # b's term read as 9
+    assert kind("07 a+5=12\n12 c+9=21\n21 d-6=15\nAnswer: 15") == "misread"  # b skipped: c's line on b's
+    assert kind("07 a+5=13\n13 b-7=06\n06 c+9=15\n15 d-6=09\nAnswer: 9") == "slip"  # 7+5 written 13
+    assert kind("07 a+5=12\n12 b-7=05\nAnswer: 5") == "early" and kind("Answer: 3") == "early"
+    assert kind("07 a+5=12\nwhat") == "other" and kind(task.solve(p).replace("Answer: 8", "Answer: 9")) == "other"
+    problems = task.make_dataset(6, seed=0, min_steps=1, max_steps=3, split="eval")
+    rng = random.Random(0)
+    demos = [task.make_demonstration(q, rng, habit_prob=1.0, error_prob=0.0) for q in problems]
+    kinds = [kind_ for d, q in zip(demos, problems) if (kind_ := task.first_error_kind(d["response"], q))]
+    assert set(kinds) <= {"habit"} and len(kinds) == sum(d["habit_steps"] > 0 for d in demos)
+
+
+def test_evaluate_accuracy_gives_the_share_of_each_first_error(tokenizer, tiny_policy):
+    problems = task.make_dataset(4, seed=0, min_steps=1, max_steps=2, split="eval")
+    r = task.evaluate_accuracy(tiny_policy, tokenizer, problems, 1.0, samples=2, max_new_tokens=6)
+    assert set(r["first_errors"]) == set(task.FIRST_ERROR_KINDS)
+    assert sum(r["first_errors"].values()) == pytest.approx(1 - r["accuracy"])  # every wrong response has a kind

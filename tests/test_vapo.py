@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -490,6 +491,29 @@ def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     assert whole["eval/response_len_greedy"] == bounded["eval/response_len_greedy"]
     with pytest.raises(ValueError, match="--eval-batch-size"):
         Config(eval_batch_size=0).validate()
+
+
+def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(tiny_policy, tokenizer):
+    """#30: each accuracy comes with its standard error over prompts (a prompt's k samples are one unit), and
+    --eval-sampled-prompts N samples avg@k on the first N held-out prompts only while greedy takes them all."""
+    from rollout import HFEngine
+    from task import make_dataset
+    rows = make_dataset(6, seed=0, split="eval")
+    engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
+    prompts = []
+    generate = engine.generate
+    engine.generate = lambda p, **kw: (prompts.append((len(p), kw["n"])), generate(p, **kw))[1]
+    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=8,
+                 eval_sampled_prompts=2)
+    out = vapo.evaluate(engine, rows, cfg, Verifier(arith_reward, 0))
+    assert prompts == [(2, 2), (6, 1)]  # avg@2 on 2 prompts, greedy on all 6
+    p = out["eval/acc_greedy"]
+    assert out["eval/acc_greedy_se"] == pytest.approx((p * (1 - p) / 5) ** 0.5)  # 0/1 per prompt, s^2 over 5
+    assert 0 <= out["eval/acc_avg@2_se"] <= 0.5
+    assert vapo.standard_error(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=torch.float64), 4) == \
+        pytest.approx(statistics.stdev([0.0, 0.5, 1.0, 0.5]) / 2)
+    with pytest.raises(ValueError, match="--eval-sampled-prompts"):
+        Config(eval_sampled_prompts=0).validate()
 
 
 # ---- #31: fidelity of the reward, the critic's loss and the prompt stream to DAPO and verl ----
