@@ -201,14 +201,15 @@ def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
     return figures
 
 
-POLICY_PROBLEMS = 40  # held-out long-chain problems (one per step count) of judge_policy
+POLICY_PROBLEMS = 200  # held-out long-chain problems of judge_policy (five per step count)
 
 
 def judge_policy(folder: str, problems: int = POLICY_PROBLEMS) -> dict:
     """The policy in folder on the first `problems` held-out long-chain problems (the runs' own held-out rows),
     greedy and one sample each at temperature 1 (task.evaluate_accuracy): accuracy, and per step written the
-    rates of the habit (per borrow step), of misread terms (lookups, per step), of other step errors, and the
-    share of responses that guess at once (the shortcut)."""
+    rates of the habit (per borrow step), of misread terms (lookups, per step), of other step errors, the share
+    of responses that guess at once (the shortcut), and the share whose first error is a misread or the habit
+    (task.first_error_kind: one kind a response)."""
     import torch
     import task
     from models import load_policy
@@ -218,10 +219,11 @@ def judge_policy(folder: str, problems: int = POLICY_PROBLEMS) -> dict:
     out = {}
     for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         acc = task.evaluate_accuracy(model, tokenizer, rows, temperature, max_new_tokens=task.LONG.max_response_tokens,
-                                     batch_size=problems)
+                                     batch_size=min(problems, 100))
         out[name] = {"accuracy": acc["accuracy"], "habit_rate": acc["steps"]["habit_rate"],
                      "lookup_rate": acc["steps"]["lookup_rate"], "other_error_rate": acc["steps"]["other_error_rate"],
-                     "shortcut_rate": acc["shortcut_rate"]}
+                     "shortcut_rate": acc["shortcut_rate"], "first_misread": acc["first_errors"]["misread"],
+                     "first_habit": acc["first_errors"]["habit"]}
     return out
 
 
@@ -271,9 +273,9 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None, probl
                         "critic_after_rl": critics.get(d), "policy_after_rl": final.get(d, {}).get("policy")}
                        for d, s in done]
     if final:
-        out["policy_after_rl"] = {m: {key: spread([f["policy"][m][key] for f in final.values()]) for key in (
-            "accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate")} for m in ("greedy",
-                                                                                                  "sampled")}
+        out["policy_after_rl"] = {m: {key: spread([f["policy"][m].get(key) for f in final.values()]) for key in (
+            "accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate", "first_misread",
+            "first_habit")} for m in ("greedy", "sampled")}
     keys = ["explained_variance_first5", "explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
             "advantage_rest", "lam_policy", "clip_frac_low", "clip_frac_high", "approx_kl", "entropy_first5",
             "entropy_last5", "response_len_first5", "response_len_last5", "train_acc_first5", "train_acc_last5",
@@ -393,17 +395,19 @@ def critic_table(rows: list[dict], start: dict | None) -> str:
 
 def policy_table(rows: list[dict], base: dict | None) -> str:
     """Each row's final policy (and the base model) on POLICY_PROBLEMS held-out problems, greedy and sampled:
-    accuracy, the habit's rate per borrow step, misread terms per step, other step errors, the shortcut's share."""
-    keys = ("accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate")
+    accuracy, the habit's rate per borrow step, misread terms per step, other step errors, the shortcut's share,
+    and the shares of responses whose first error is a misread or the habit (judgements from before those: -)."""
+    keys = ("accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate", "first_misread",
+            "first_habit")
     lines = ["| policy | " + " | ".join(f"{m}: {k.replace('_', ' ')} (%)" for m in ("greedy", "sampled") for k in keys)
              + " |", "|---|" + "---|" * 2 * len(keys)]
     if base is not None:
-        lines.append("| base model | " + " | ".join(f"{100 * base[m][k]:.1f}" for m in ("greedy", "sampled")
-                                                   for k in keys) + " |")
+        lines.append("| base model | " + " | ".join(f"{100 * base[m][k]:.1f}" if k in base[m] else "-"
+                                                   for m in ("greedy", "sampled") for k in keys) + " |")
     for r in rows:
         p = r.get("policy_after_rl")
         if p is not None:
-            lines.append(f"| {r['row']}, after RL | " + " | ".join(pm(p[m][k]) for m in ("greedy", "sampled")
+            lines.append(f"| {r['row']}, after RL | " + " | ".join(pm(p[m].get(k)) for m in ("greedy", "sampled")
                                                                  for k in keys) + " |")
     return "\n".join(lines)
 
