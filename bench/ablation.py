@@ -14,7 +14,7 @@ critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pret
 the preset gives (the demo: the policy with a zero head; long: the outcome reward model, untouched).
 
 --preset long (docs/long.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
-2,560 samples per run (the preset's 40 steps of 64), evaluated every 640 generated samples (`--eval-every-samples`:
+2,560 samples per run (the preset's 40 steps of 64), evaluated every 1,280 generated samples (`--eval-every-samples`:
 at equal sample counts, not at equal steps, so DAPO's extra rounds are not a longer curve), seeds 0-2 for every
 row and also 3-4 for the four algorithms (--algorithm-seeds). Jobs run in tiers, so that an interrupted sweep
 has the paper's main claims first: the four algorithms and the ablations of value pretraining and decoupled GAE
@@ -56,7 +56,7 @@ FIRST_TIER = ALGORITHMS + ("w/o Value-Pretraining", "w/o Decoupled-GAE")  # the 
 # Per preset: the RL steps of a row without dynamic sampling (its budget is steps x the preset's batch), how many
 # evaluations along the budget, the held-out sampling, and the algorithms' extra seeds.
 SWEEPS = {"demo": dict(steps=24, evaluations=4, eval_prompts=100, eval_samples=2, algorithm_seeds=[]),
-          "long": dict(steps=40, evaluations=4, eval_prompts=None, eval_samples=None, algorithm_seeds=[3, 4])}
+          "long": dict(steps=40, evaluations=2, eval_prompts=None, eval_samples=None, algorithm_seeds=[3, 4])}
 # (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
 ROWS = [
     ("PPO", 5, ["--algo", "ppo"]),
@@ -131,7 +131,7 @@ def curve(run_dir: str) -> list[tuple[int, float, float]]:
     for r in read_records(run_dir):
         generated += r.get("samples_generated", 0)
         if "eval/acc_greedy" in r:
-            k = next(key for key in r if key.startswith("eval/acc_avg@"))
+            k = next(key for key in r if key.startswith("eval/acc_avg@") and not key.endswith("_se"))
             points.append((generated, r[k], r["eval/acc_greedy"]))
     return points
 
@@ -162,7 +162,8 @@ def run_figures(run_dir: str) -> dict:
                                        "groups_all_same")}
     for k in ("entropy", "response_len", "train_acc", "explained_variance"):
         out[f"{k}_first5"], out[f"{k}_last5"] = mean(k, steps[:5]), mean(k, steps[-5:])
-    k = next(key for key in evals[0] if key.startswith("eval/acc_avg@")).removeprefix("eval/acc_")
+    k = next(key for key in evals[0] if key.startswith("eval/acc_avg@") and not key.endswith("_se"))
+    k = k.removeprefix("eval/acc_")
     bands = sorted({key.rsplit("_", 1)[1] for key in evals[0] if key.startswith(f"eval/acc_{k}_steps_")},
                    key=lambda b: int(b.split("-")[0]))
     out["bands"] = {b: {m: (evals[0][f"eval/acc_{m}_steps_{b}"], evals[-1][f"eval/acc_{m}_steps_{b}"])

@@ -181,7 +181,7 @@ def summarise_run(run_dir: str) -> dict | None:
     rl = [r for r in records if "step" in r and "train_acc" in r]
     pre = [r for r in records if "value_pretrain_step" in r]
     first, last = evals[0], evals[-1]
-    sampled = next(k for k in first if k.startswith("eval/acc_avg@"))
+    sampled = next(k for k in first if k.startswith("eval/acc_avg@") and not k.endswith("_se"))
 
     def mean(key, rows):
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]

@@ -65,14 +65,14 @@ Prints the machine, the date and a markdown table; writes every raw timing to --
 
 Time to learn (`--learn`, default `--preset long`): one TRL GRPOTrainer run, in this process, on the budget and
 evaluation schedule of `bench/ablation.py --preset P` (its SWEEPS: for long, 40 rollouts of 8 prompts x 8 samples
-= 2,560 generated samples, evaluated at 0, 640, 1,280, 1,920 and 2,560), so that its curve of held-out accuracy
+= 2,560 generated samples, evaluated at 0, 1,280 and 2,560), so that its curve of held-out accuracy
 against wall time sits beside the sweep's rows (ours are not run here: they come from the sweep's run folders).
 Writes into --out (a folder; an earlier run there is replaced only with --overwrite):
 - metrics.jsonl, in vapo.py's format, so that one reader serves both (bench/ablation.py's curve and run_figures
   read it as they read a run folder): one record per rollout, {"step": rollout number, "samples_generated": 64,
   "train_acc", "reward_mean", "response_len" (tokens, EOS included), "time/step", "time/elapsed"}, and one per
-  evaluation, {"step": rollouts done, "eval/acc_avg@4", "eval/acc_greedy", "eval/response_len_*",
-  "eval/acc_{avg@4,greedy}_steps_{1-10,...}" (vapo.evaluate's figures, by band), "samples_generated_total",
+  evaluation, {"step": rollouts done, "eval/acc_avg@k", "eval/acc_greedy" (each with its "_se"),
+  "eval/response_len_*", "eval/acc_{avg@k,greedy}_steps_{1-10,...}" (vapo.evaluate's figures, by band), "samples_generated_total",
   "time/elapsed"}. samples_generated_total is the sum of the rollout records' samples_generated so far (another
   name, so a reader that sums samples_generated over all records counts each sample once);
 - config.json: "steps" (rollouts) and "max_samples" (the budget) as vapo.py's config has them, the shapes, the
@@ -82,20 +82,20 @@ Writes into --out (a folder; an earlier run there is replaced only with --overwr
   samples and time/elapsed, or null.
 
 What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
---eval-every-samples 640`):
+--eval-every-samples 1280`):
 - the base model (task.shipped_model(cfg.model), float32), the training rows and their order (data.load_data and
   data.prompt_batch, as vapo.py draws them for --seed: the reward function checks every rollout's prompts);
 - the shapes: P prompts x G samples per rollout, at most max_new_tokens new tokens, temperature and top_p of the
-  preset (long: 8 x 8, 448, 1.0, 1.0), mini-batches of 32 in micro-batches of 8, so 2 optimizer steps a rollout
-  (per_device_train_batch_size=8, gradient_accumulation_steps=4, steps_per_generation=8);
-- the optimizer and its schedule: vapo.make_optimizer's torch AdamW with the preset's actor lr (long: 1.5e-4),
+  preset (long: 8 x 8, 448, 1.0, 1.0), mini-batches of 4 in micro-batches of 4, so 16 optimizer steps a rollout
+  (per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=16);
+- the optimizer and its schedule: vapo.make_optimizer's torch AdamW with the preset's actor lr (long: 1.5e-5),
   weight decay 0 and linear warmup over warmup_steps (long: 5) optimizer steps from lr/5, passed to the trainer
   as optimizers= (TRL's own constant_with_warmup would start at lr 0); gradient clipping at max_grad_norm (1.0);
 - the reward: this project's verifier (run.verifier_for), +1 / -1, no overlong shaping;
 - the evaluation: vapo.evaluate(engine, held_out, cfg, verifier) with the engine vapo.py makes
   (rollout.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
-  preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: 80 prompts, avg@4
-  at temperature 1.0 and top-p 1.0, greedy, one pass of 80) and its fixed sampling seed: at 0 samples the figures
+  preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: greedy on 1,100
+  prompts, avg@2 at temperature 1.0 and top-p 1.0 on the first 550, in passes of 110) and its fixed sampling seed: at 0 samples the figures
   are those of the sweep's runs of the same seed, bit for bit on the same machine;
 - the clock: time/elapsed starts when training starts (TrainerCallback.on_train_begin, the model loaded and the
   trainer built, as vapo.py's clock starts once its inputs are loaded) and holds the evaluations, as vapo.py's.
@@ -107,8 +107,8 @@ What differs (TRL's algorithm and sampler are its own):
   half the rollout's tokens, where ours token-level divides by the mini-batch's own tokens; "grpo": the mean per
   sample first, like our GRPO row's sample-level loss; compare with the sweep's GRPO, DAPO and VAPO rows knowing
   that DAPO and VAPO clip higher, VAPO trains a critic and pretrains it, in its time/elapsed);
-- old log-probs: TRL's scoring pass before the update (ours take the sampler's); the second optimizer step of a
-  rollout is off-policy in both;
+- old log-probs: TRL's scoring pass before the update (ours take the sampler's); every optimizer step of a
+  rollout after its first is off-policy in both;
 - sampling: TRL's `model.generate` with its own random stream (transformers.set_seed(seed)), ours our sampler:
   the same distribution (temperature, top-p 1, no top-k), other draws, so the runs' samples differ;
 - the interpreter: this script runs in .venv-trl, whose transformers may be newer than the project's.

@@ -8,6 +8,8 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -153,7 +155,7 @@ def test_vs_trl_ratios_and_targets_from_raw_timings():
 
 def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read(tmp_path):
     """--learn's pieces that need no TRL: the long sweep's shapes, budget and evaluation schedule (evaluations at
-    0, 640, ..., 2,560 samples), the reward function's prompt check, and records in vapo.py's metrics.jsonl format
+    0, 1,280 and 2,560 samples), the reward function's prompt check, and records in vapo.py's metrics.jsonl format
     that bench/ablation.py reads as it reads a run folder."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import ablation
@@ -163,16 +165,17 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     assert (cfg.model, cfg.dataset, cfg.seed) == ("builtin-long", "builtin-long", 0)
     assert (cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_p) == \
         (8, 8, 448, 1.0, 1.0)
-    assert (cfg.actor_lr, cfg.warmup_steps, cfg.mini_batch_size, cfg.micro_batch_size) == (1.5e-4, 5, 32, 8)
-    assert (cfg.eval_prompts, cfg.eval_samples, cfg.eval_top_p, cfg.eval_batch_size) == (80, 4, 1.0, 80)
+    assert (cfg.actor_lr, cfg.warmup_steps, cfg.mini_batch_size, cfg.micro_batch_size) == (1.5e-5, 5, 4, 4)
+    assert (cfg.eval_prompts, cfg.eval_sampled_prompts, cfg.eval_samples, cfg.eval_top_p, cfg.eval_batch_size) == \
+        (1100, 550, 2, 1.0, 110)
     plan = vs_trl.learn_plan(cfg, "long", tiny=False)
-    assert plan == {"rollouts": 40, "budget": 2560, "eval_every": 640}
+    assert plan == {"rollouts": 40, "budget": 2560, "eval_every": 1280}
     evaluated, samples = [], 0
     for step in range(1, plan["rollouts"] + 1):  # the callback's rule, 64 samples a rollout
         before, samples = samples, samples + cfg.batch_size
         if vs_trl.crosses(before, samples, plan["eval_every"]):
             evaluated.append(samples)
-    assert evaluated == [640, 1280, 1920, 2560]
+    assert evaluated == [1280, 2560]
     assert vs_trl.crosses(600, 700, 640) and not vs_trl.crosses(640, 700, 640) and vs_trl.crosses(0, 1300, 640)
     tiny = vs_trl.learn_config("long", 0, tiny=True)
     assert vs_trl.learn_plan(tiny, "long", tiny=True) == {"rollouts": 2, "budget": 8, "eval_every": 4}
@@ -303,3 +306,31 @@ def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
                                 "sampled": {**split, "first_errors": {"habit": 0.5}}}
     assert "| slow | 2 | 61.0 +- 1.4 | 61.0 +- 1.4 | 9.5 +- 0.7 | 9.5 +- 0.7 | 10.0 +- 0.0 | 25.0 +- 0.0 | 50.0" \
         in long_study.table(results, base)
+
+
+def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
+    """bench/long_seeds.py: the first and last evaluation with their standard errors, the clipped shares and KL
+    over the RL steps, and the verdict per seed (above the base on greedy and avg@k; misreads within 2 points)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_seeds
+
+    def evaluation(step, greedy, avg):
+        return {"step": step, "eval/acc_avg@2": avg, "eval/acc_avg@2_se": 0.01, "eval/acc_greedy": greedy,
+                "eval/acc_greedy_se": 0.015, "time/elapsed": 60.0 * step}
+    records = [evaluation(0, 0.58, 0.16)] + [
+        {"step": s, "train_acc": 0.3, "clip_frac_low": 0.001 * s, "clip_frac_high": 0.0, "approx_kl": 1e-4}
+        for s in (1, 2)] + [evaluation(2, 0.60, 0.35)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = long_seeds.run_figures(str(tmp_path))
+    assert run["k"] == "avg@2" and run["greedy"]["final"] == {"accuracy": 0.60, "se": 0.015}
+    assert run["clip_frac_low"] == pytest.approx(0.0015) and run["seconds"] == 120.0
+    base = {"greedy": {"lookup_rate": 0.08, "first_misread": 0.41}, "sampled": {"habit_rate": 0.27}}
+    kept = {"greedy": {"lookup_rate": 0.095, "first_misread": 0.38}, "sampled": {"habit_rate": 0.10}}
+    broke = {"greedy": {"lookup_rate": 0.105, "first_misread": 0.45}, "sampled": {"habit_rate": 0.10}}
+    v = long_seeds.verdict(run, kept, base)
+    assert v["above_base"] and v["misreads_kept"] and v["gains"]["greedy"] == pytest.approx(0.02)
+    assert not long_seeds.verdict(run, broke, base)["misreads_kept"]
+    flat = {**run, "greedy": {"base": run["greedy"]["base"], "final": run["greedy"]["base"]}}
+    assert not long_seeds.verdict(flat, kept, base)["above_base"]  # equal is not above
+    table = long_seeds.table([{"seed": 0, "run": run, "policy": kept, "verdict": v}], base)
+    assert "| 0 | 58.0 -> 60.0 (+- 1.5) | 16.0 -> 35.0 (+- 1.0) | 9.5 | 38.0 | 10.0 |" in table and "| yes | yes |" in table

@@ -220,7 +220,7 @@ def test_the_long_preset_runs_two_steps_from_the_shipped_models(tmp_path):
     records = plots.read_jsonl(os.path.join(cfg.output_dir, "metrics.jsonl"))
     evals = [r for r in records if "eval/acc_greedy" in r]
     assert [r["step"] for r in evals] == [0, 2]
-    assert any(k.startswith("eval/acc_avg@4_steps_") for k in evals[0])
+    assert any(k.startswith("eval/acc_avg@2_steps_") for k in evals[0]) and "eval/acc_greedy_se" in evals[0]
     assert [r["step"] for r in records if "reward_mean" in r] == [1, 2]
     assert max(r["response_len"] for r in records if "response_len" in r) > 100  # long responses in the batch
     views = plots.read_tokens(cfg.output_dir)
