@@ -147,13 +147,14 @@ def pick(results: list[dict], base: dict) -> str:
 
 def table(results: list[dict], base: dict) -> str:
     """Markdown: one row per point, mean +- std over seeds of each figure, the base model first."""
-    def cell(vals, pct=True):
+    def cell(vals, pct=True, digits=1):  # mean +- std over seeds; one seed: its figure alone
         vals = [v for v in vals if v is not None]
         if not vals:
             return "-"
         m = statistics.fmean(vals) * (100 if pct else 1)
-        s = (statistics.stdev(vals) * (100 if pct else 1)) if len(vals) > 1 else 0.0
-        return f"{m:.1f} +- {s:.1f}" if pct else f"{m:.2g} +- {s:.1g}"
+        s = (statistics.stdev(vals) * (100 if pct else 1)) if len(vals) > 1 else None
+        text = f"{m:.{digits}f}" if pct else f"{m:.2g}"
+        return text if s is None else text + (f" +- {s:.{digits}f}" if pct else f" +- {s:.1g}")
     head = ("| point | seeds | greedy % | avg@2 % | misread % (greedy) | misread % (sampled) | habit % (sampled) "
             "| first error a misread, % of responses (greedy) | first error the habit, % (sampled) "
             "| clip low % | clip high % | approx KL |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -168,14 +169,17 @@ def table(results: list[dict], base: dict) -> str:
     points = {}
     for r in results:
         points.setdefault(r["point"], []).append(r)
-    for p, rs in points.items():
+    order = list(TIER1)  # tier 1 in the grid's order, then each centre's tier-2 points, the centre's order
+    for p, rs in sorted(points.items(), key=lambda item: (order.index(item[0].split("+")[0])
+                                                         if item[0].split("+")[0] in order else len(order),
+                                                         "+" in item[0], item[0])):
         v = lambda key, field: [r["validation"][key][field] for r in rs]  # noqa: E731
         f = lambda key: [r["run"][key] for r in rs]  # noqa: E731
         lines.append(f"| {p} | {len(rs)} | {cell(v('greedy', 'accuracy'))} | {cell(v('sampled', 'accuracy'))} | "
                      f"{cell(v('greedy', 'lookup_rate'))} | {cell(v('sampled', 'lookup_rate'))} | "
                      f"{cell(v('sampled', 'habit_rate'))} | {cell([first(r, 'greedy', 'misread') for r in rs])} | "
-                     f"{cell([first(r, 'sampled', 'habit') for r in rs])} | {cell(f('clip_frac_low'))} | "
-                     f"{cell(f('clip_frac_high'))} | {cell(f('approx_kl'), pct=False)} |")
+                     f"{cell([first(r, 'sampled', 'habit') for r in rs])} | {cell(f('clip_frac_low'), digits=3)} | "
+                     f"{cell(f('clip_frac_high'), digits=3)} | {cell(f('approx_kl'), pct=False)} |")
     return head + "\n".join(lines) + "\n"
 
 
