@@ -1,7 +1,7 @@
 """vapo: Value-based Augmented Proximal Policy Optimization (Yue et al. 2025, arXiv 2504.05118), the algorithm.
 
     python vapo.py                      # the built-in demo: a 1M-parameter model learns multi-step arithmetic on a CPU
-    python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~15 min, 1 core
+    python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~17 min, 1 core
     python vapo.py --model Qwen2.5-0.5B --dataset openai/gsm8k --preset gpu-0.5b     # one GPU
     python vapo.py --help               # every option, with the paper's value
 
@@ -44,7 +44,8 @@ Where we differ from the paper, on purpose:
    of tokens and gives lambda_policy = 0 for the demo's lengths). `--preset paper` has the paper's values.
 4. The critic is initialised from the policy (or `--value-model`), with a zero head, not from a reward model;
    `--preset long` starts it from the paper's choice, an outcome reward model (task.py builds and ships it).
-5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy.
+5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy,
+   each with its standard error over prompts (`--preset long`: top-p 1.0, avg@2 on 550 of 1,100 prompts).
 
 Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, checkpoints,
 signals, when to evaluate and save), rollout.py, reward.py, gae.py, losses.py, models.py, data.py, task.py.
