@@ -239,13 +239,31 @@ logging.getLogger("math_verify.parser").addFilter(_QuietTimeoutNotice())
 def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
     """fn(), or None if it ran past `seconds` of wall-clock time: SIGALRM (signal.setitimer) then raises
     _SoftBoundExpired in the code running, and again every SOFT_BOUND_REPEAT_S until fn has stopped, so that an
-    interrupt lost in a garbage-collection callback is followed by another. Never raised in this function's own
-    frame (its bookkeeping), so the alarm cannot escape it. Main thread only: ValueError elsewhere."""
+    interrupt lost in a garbage-collection callback is followed by another. Main thread only: ValueError elsewhere.
+
+    Where the alarm must not raise: in this function's own frame (its bookkeeping), and anywhere below an
+    unraisable hook. An interrupt raised in a weakref callback or __del__ cannot propagate; Python hands it to
+    sys.unraisablehook, which here is `lost` (it drops our own interrupts without formatting them, and passes
+    any other to the hook that was installed before). A repeat that fired while a hook formats a traceback
+    (pytest's reads source files) would break the hook itself: so no frame under `lost` is interrupted.
+    """
     global _soft_bound_expiries
     this_frame = _soft_bounded.__code__
+    previous_hook = sys.unraisablehook
+
+    def lost(unraisable):
+        if not isinstance(unraisable.exc_value, _SoftBoundExpired):
+            previous_hook(unraisable)
+
+    def under_a_hook(frame) -> bool:
+        while frame is not None:
+            if frame.f_code is lost.__code__:
+                return True
+            frame = frame.f_back
+        return False
 
     def alarm(signum, frame):
-        if frame is not None and frame.f_code is not this_frame:
+        if frame is not None and frame.f_code is not this_frame and not under_a_hook(frame):
             raise _SoftBoundExpired
 
     try:
@@ -254,6 +272,7 @@ def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
         raise ValueError("math_equal's timeout uses SIGALRM, which only the main thread can handle: call it from "
                          "the main thread (as score_batch's workers do), or pass timeout_s=None and bound the "
                          "time yourself") from None
+    sys.unraisablehook = lost
     expired = False
     try:
         signal.setitimer(signal.ITIMER_REAL, seconds, SOFT_BOUND_REPEAT_S)
@@ -263,6 +282,7 @@ def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = previous_hook
     if expired:
         _soft_bound_expiries += 1
         return None
