@@ -15,7 +15,8 @@ pushes the policy before any reward is seen. Last, credit assignment: the share 
 sample keeps or forgets the borrow), divided by those tokens' share of all tokens: 1 is no concentration (GRPO's
 group advantage, the same on every token of a response, is printed as the reference), above 1 is a critic that
 puts the credit where the outcome was decided; also for the one-step TD errors (lambda 0), the critic's own
-localisation.
+localisation; and the credit at the first error split by its kind (task.first_error_kind: a misread term, or
+the habit), since a critic that shares the policy's backbone may see one kind of error and not the other.
 
 Critics: "builtin-long-rm" (the shipped outcome reward model), "zero" (the policy's backbone, a zero head: what
 a critic starts as without --value-model), or a folder (a run's critic_pretrained/, after value pretraining).
@@ -91,6 +92,13 @@ def error_masks(rollout, tokenizer, prompts: int = 100) -> tuple[torch.Tensor, t
     return before, at
 
 
+def error_kinds(rollout, prompts: int = 100) -> list[str | None]:
+    """For sample_set's rollout: task.first_error_kind of each response (None when right): whether the first
+    error a critic should see is a misread term (a lookup in the prompt) or the habit (a forgotten borrow)."""
+    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    return [task.first_error_kind(rollout.texts[b], problems[int(rollout.prompt_index[b])]) for b in range(rollout.B)]
+
+
 def credit(advantages: torch.Tensor, mask: torch.Tensor, decisive: torch.Tensor) -> float:
     """(share of sum |A_t| on the decisive tokens) / (their share of the tokens): 1 = spread evenly."""
     weight = advantages.abs() * mask
@@ -103,11 +111,12 @@ def group_credit(rewards: torch.Tensor, mask: torch.Tensor, decisive: torch.Tens
 
 
 def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float,
-               decisive: torch.Tensor | None = None, lam_fixed: float = 0.95, errors=None) -> dict:
+               decisive: torch.Tensor | None = None, lam_fixed: float = 0.95, errors=None, kinds=None) -> dict:
     """values, mask [B, T], rewards [B] (decisive [B, T] bool, for the credit figures) -> the figures the module
     docstring lists; lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95). errors:
     error_masks' (before, at), for the mean advantage on wrong responses' correct steps before their first error
-    and the credit at that error."""
+    and the credit at that error; kinds (error_kinds' list, with errors): that credit again for the responses
+    whose first error is a misread, and for those whose first error is the habit."""
     B, T = mask.shape
     lengths = mask.sum(-1)  # [B]
     returns = rewards[:, None].expand(B, T) * mask  # [B, T], gamma = 1: every token's return is the reward
@@ -138,6 +147,10 @@ def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, 
         if errors is not None and errors[1].any():
             out[f"advantage_before_error_lambda_{name}"] = float(adv[errors[0]].mean())
             out[f"credit_at_error_lambda_{name}"] = credit(adv, mask, errors[1])
+            for kind in ("misread", "habit") if kinds is not None else ():
+                of_kind = errors[1] & torch.tensor([k == kind for k in kinds])[:, None]  # [B, T]
+                if of_kind.any():
+                    out[f"credit_at_{kind}_lambda_{name}"] = credit(adv, mask, of_kind)
     return out
 
 
@@ -160,6 +173,7 @@ def main(argv=None):
     policy, rollout, rewards, decisive = sample_set(args.policy, args.prompts, args.samples, args.seed)
     mask = rollout.response_mask
     errors = error_masks(rollout, load_tokenizer(folder_of(args.policy)), args.prompts)  # the tokenizer only
+    kinds = error_kinds(rollout, args.prompts)
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "policy": args.policy, "responses": rollout.B,
               "mean_length": float(rollout.lengths.float().mean()), "right": float((rewards > 0).float().mean()),
@@ -170,9 +184,11 @@ def main(argv=None):
         critic = value_model_from_policy(policy) if name == "zero" else load_value_model(folder_of(name),
                                                                                          dtype=torch.float32)
         values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
-        table = bias_table(values, rewards, mask, args.alpha, decisive, errors=errors)
-        name = name if name in ("zero", *task.BUILTIN_MODELS) else "/".join(name.rstrip("/").split("/")[-2:])
-        result["critics"][name] = table  # a folder by its last two parts: RUN/critic_pretrained
+        table = bias_table(values, rewards, mask, args.alpha, decisive, errors=errors, kinds=kinds)
+        parts = name.rstrip("/").split("/")  # a folder by its last parts: RUN/critic_pretrained, RUN/checkpoint/critic
+        name = name if name in ("zero", *task.BUILTIN_MODELS) else "/".join(parts[-3 if parts[-2:-1] == ["checkpoint"]
+                                                                                   else -2:])
+        result["critics"][name] = table
         print(f"\n{name}: explained variance {table['explained_variance']:+.3f}")
         print(f"  {'where':<12}{'tokens':>8}{'mean V':>9}{'return':>9}{'bias':>9}")
         for cell in table["by_fifth"] + table["by_position"]:
@@ -191,6 +207,7 @@ def main(argv=None):
                   f"{result['group_advantage_before_error']:+.4f}; credit at the error "
                   f"{result['group_credit_at_error']:.4f}")
     result["decisive_token_share"] = float(decisive.sum() / mask.sum())
+    result["first_error_kinds"] = {k: kinds.count(k) for k in sorted(set(kinds) - {None})}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -309,6 +309,22 @@ def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
         in long_study.table(results, base)
 
 
+def test_long_study_tier_3_is_the_revised_preset_and_its_critic_lambda_alone():
+    """Tier 3 runs the preset again (for its checkpoints) and changes lambda_critic alone: its centre's options must
+    give exactly --preset long's config, and the lever point must differ from it in lam_critic only."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_study
+    import vapo
+
+    def cfg(extra):
+        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
+    preset = cfg([])
+    centre, lever = (cfg(long_study.TIER3[name]) for name in long_study.TIER3)
+    assert centre == preset
+    changed = {f for f in preset.__dataclass_fields__ if getattr(lever, f) != getattr(preset, f)}
+    assert changed == {"lam_critic"} and lever.lam_critic == 0.95 and preset.lam_critic == 1.0
+
+
 def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
     """bench/long_seeds.py: the first and last evaluation with their standard errors, the clipped shares and KL
     over the RL steps, and the verdict per seed (above the base on greedy and avg@k; misreads within 2 points)."""

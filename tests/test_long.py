@@ -198,6 +198,14 @@ def test_credit_at_the_decisive_tokens():
     assert table["advantage_before_error_lambda_0 (TD error)"] == 0.0
     assert table["advantage_before_error_lambda_0.95"] < 0  # blame leaks onto the correct steps before the error
     assert table["credit_at_error_lambda_0 (TD error)"] == pytest.approx(10.0)
+    # by the kind of the first error: a critic that sees the habit (response 3: V drops at its error) and not the
+    # misread (response 1: V stays 0 to the end, the whole TD error on the last token) credits them differently
+    values[1, 4:] = 0.0
+    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at),
+                            kinds=[None, "misread", None, "habit"])
+    assert table["credit_at_habit_lambda_0 (TD error)"] == pytest.approx(10.0)  # 1 of 4 |delta|s, 1 token in 40
+    assert table["credit_at_misread_lambda_0 (TD error)"] == 0.0
+    assert "credit_at_habit_lambda_0.95" in table and "credit_at_misread_lambda_adaptive" in table
 
 
 def test_borrow_digits_are_the_tens_digits_of_borrow_steps():
