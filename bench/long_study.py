@@ -64,6 +64,7 @@ PRESET_POINT = "lr1.5e-5-mb4+mu1"  # the revised --preset long, as the tier-2 po
 TIER3 = {PRESET_POINT: [*TIER1["lr1.5e-5-mb4"], *TIER2_LEVERS["mu1"]],
          f"{PRESET_POINT}+lamc0.95": [*TIER1["lr1.5e-5-mb4"], *TIER2_LEVERS["mu1"], "--lam-critic", "0.95"]}
 
+
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:
     """The expressions a run with this seed and config drew (its RL steps and its value pretraining)."""
     import data
