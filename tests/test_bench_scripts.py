@@ -325,6 +325,24 @@ def test_long_study_tier_3_is_the_revised_preset_and_its_critic_lambda_alone():
     assert changed == {"lam_critic"} and lever.lam_critic == 0.95 and preset.lam_critic == 1.0
 
 
+def test_long_study_tier_4_changes_one_option_of_the_preset_at_each_point():
+    """Tier 4's two levers, each the preset with one option changed: mu 3 (the preset's is 1) and 48 steps (40)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_study
+    import vapo
+
+    def cfg(extra):
+        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
+    preset = cfg([])
+    changes = {}
+    for name, extra in long_study.TIER4.items():
+        point = cfg(extra)
+        changes[name] = {f: (getattr(preset, f), getattr(point, f)) for f in preset.__dataclass_fields__
+                         if getattr(point, f) != getattr(preset, f)}
+    assert changes == {f"{long_study.PRESET_POINT}+mu3": {"mu": (1.0, 3.0)},
+                       f"{long_study.PRESET_POINT}+steps48": {"steps": (40, 48)}}
+
+
 def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
     """bench/long_seeds.py: the first and last evaluation with their standard errors, the clipped shares and KL
     over the RL steps, and the verdict per seed (above the base on greedy and avg@k; misreads within 2 points)."""
