@@ -109,6 +109,23 @@ class RunOptions:
         return self.dataset in ("builtin", "builtin-long")
 
 
+# The random streams of a run: every random draw comes from --seed through one of these offsets, and from nowhere
+# else. Any fixed numbers would do; these are kept so that runs repeat the recorded ones.
+STREAMS: dict[str, int] = {
+    "builtin_rows": 0,  # the built-in task's training problems (task.make_dataset)
+    "trainer": 0,  # torch and random in the trainer (rollouts' sampling, mini-batch order), plus the process's rank
+    "rl_prompts": 0,  # the prompts of each RL step (data.prompt_batch)
+    "pretrain_prompts": 1,  # the prompts of each value-pretraining step: other prompts than the RL steps'
+    "evaluation": 7919,  # held-out sampling: the same draws at every evaluation, which differ only by the weights
+    "views_probe": 104729,  # the teaching views' probe samples, drawn once from the starting policy
+}
+
+
+def stream(seed: int, name: str) -> int:
+    """The seed of one of the run's random streams (STREAMS) for --seed."""
+    return seed + STREAMS[name]
+
+
 # Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "gpu-0.5b" (one GPU's budget,
 # whatever the model: the paper's 313 rollouts of 8,192 samples fit no single GPU); "paper" only when asked for.
 PRESETS: dict[str, dict] = {

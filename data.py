@@ -34,6 +34,7 @@ import re
 import torch
 
 import task
+from config import stream
 from reward import Verifier, arith_reward, math_reward
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         held_out = task.make_dataset(cfg.eval_prompts, 0, *steps, split="eval")
         if chains is task.LONG:  # evaluation also reports accuracy by band of step counts (1-10, 11-20, ...)
             held_out = [{**r, "band": task.band_of(r["n_steps"])} for r in held_out]
-        return task.make_dataset(20000, cfg.seed, *steps, split="train"), held_out
+        return task.make_dataset(20000, stream(cfg.seed, "builtin_rows"), *steps, split="train"), held_out
     kw = dict(question_field=cfg.question_field, answer_field=cfg.answer_field, template=cfg.template,
               tokenizer=tokenizer)
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from config import stream
 from models import load_policy
 
 log = logging.getLogger(__name__)
@@ -795,7 +796,8 @@ def make_engine(cfg, policy, tokenizer, parallel, critic=None):
                                          trainer_reserve_bytes(policy, critic))
         return VLLMEngine(policy.name_or_path, tokenizer, eos_ids=eos_token_ids(policy, tokenizer),
                           max_new_tokens=cfg.max_new_tokens,
-                          temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + parallel.rank // cfg.vllm_tp,
+                          temperature=cfg.temperature, top_p=cfg.top_p,
+                          seed=stream(cfg.seed, "trainer") + parallel.rank // cfg.vllm_tp,
                           memory=memory, sleep=cfg.vllm_sleep, tensor_parallel=cfg.vllm_tp,
                           dtype=torch.bfloat16 if cfg.bf16 else policy.dtype, device=policy.device,
                           distributed=parallel.world_size > 1, max_model_len=max_model_len)

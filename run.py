@@ -35,6 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from config import stream
 from data import check_gold_answers, load_data
 from models import found_or_exit, load_models, load_tokenizer, pick_device, replace_atomically, safetensors_files
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
@@ -521,7 +522,8 @@ class TokenViews:
                 saved = json.load(fh)
         else:
             rows = held_out[:PROBE_PROMPTS]
-            r = engine.generate([row["prompt"] for row in rows], n=PROBE_SAMPLES, seed=self.cfg.seed + 104729)
+            r = engine.generate([row["prompt"] for row in rows], n=PROBE_SAMPLES,
+                                seed=stream(self.cfg.seed, "views_probe"))
             golds = [rows[int(i)]["answer"] for i in r.prompt_index]
             saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
                                                                          r.prompt_mask[::PROBE_SAMPLES])],

@@ -234,8 +234,8 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     """Run VAPO with cfg (the box in this file's docstring); returns the run folder. resume: continue the run in
     cfg.output_dir from its newest readable checkpoint (from the start, if it has none yet); overwrite: start
     over in a folder that holds a run. Every process of a sharded run (scale/) runs this same function."""
-    torch.manual_seed(cfg.seed + parallel.rank)  # sharded: each process samples its own stream
-    random.seed(cfg.seed + parallel.rank)
+    torch.manual_seed(config.stream(cfg.seed, "trainer") + parallel.rank)  # sharded: each process its own draws
+    random.seed(config.stream(cfg.seed, "trainer") + parallel.rank)
     policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, parallel)  # checked first
     run = Run(cfg, parallel, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
     reference = frozen_copy(policy) if cfg.kl_coef > 0 else None  # the initial weights (before any restore)
@@ -345,7 +345,7 @@ def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[d
     after step s - 1's, so every prompt comes once an epoch, refilled or not, and a step never holds a prompt
     twice (unless its block straddles two epochs of the data); without it, batch s of the stream."""
     block = 1 + cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
-    return prompt_batch(rows, step * block + r, cfg.prompts_per_rollout, cfg.seed)
+    return prompt_batch(rows, step * block + r, cfg.prompts_per_rollout, config.stream(cfg.seed, "rl_prompts"))
 
 
 @contextmanager
@@ -686,7 +686,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
-        prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout, cfg.seed + 1))  # its own stream
+        prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout,
+                                               config.stream(cfg.seed, "pretrain_prompts")))
         rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
         with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
@@ -715,8 +716,8 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
     greedy, each with its standard error over prompts (standard_error); avg@k on the first eval_sampled_prompts rows
     only, when set. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is
-    untouched. Sampled in passes of eval_batch prompts, so that the KV cache never holds more rows than a training rollout's
-    (or --eval-batch-size prompts x k)."""
+    untouched (config.STREAMS["evaluation"]). Sampled in passes of eval_batch prompts, so that the KV cache never
+    holds more rows than a training rollout's (or --eval-batch-size prompts x k)."""
     # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
     bands = sorted({r["band"] for r in rows if "band" in r}, key=lambda b: int(b.split("-")[0]))
     sampled = rows[:cfg.eval_sampled_prompts]  # avg@k on the first eval_sampled_prompts (all by default)
@@ -735,7 +736,7 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
-                                      seed=cfg.seed + 7919, batch_size=eval_batch)
+                                      seed=config.stream(cfg.seed, "evaluation"), batch_size=eval_batch)
         scores = verify(rollout, mine, cfg, verifier)
         out[f"eval/acc_{name}"] = batch_mean(scores > 0)
         per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right

@@ -612,3 +612,21 @@ def test_kl_coef_keeps_a_frozen_initial_policy_and_logs_the_kl(tiny_model_dir, t
     assert "kl_ref" not in read_metrics(vapo.train(tiny_config(tiny_model_dir, tmp_path / "off")))[-1]
     with pytest.raises(ValueError, match="--kl-coef"):
         Config(kl_coef=-1.0).validate()
+
+
+def test_the_runs_random_streams_are_named_in_one_place():
+    """config.STREAMS is where every seed of a run comes from: no module of the trainer adds an offset of its own
+    to the seed, and the streams that must not share draws do not (the RL steps' prompts against value
+    pretraining's; the evaluation's sampling against the trainer's)."""
+    import re
+    for name in ("vapo.py", "run.py", "rollout.py", "data.py", "models.py", "config.py", "bench/long_study.py"):
+        source = open(os.path.join(ROOT, name)).read()
+        assert not re.search(r"seed\s*\+\s*\d", source), name
+    streams = config.STREAMS
+    assert streams["rl_prompts"] != streams["pretrain_prompts"] and streams["evaluation"] != streams["trainer"]
+    import task
+    cfg = Config(prompts_per_step=4, value_pretrain_steps=1)
+    rows = task.make_dataset(200, config.stream(cfg.seed, "builtin_rows"), 1, 10, split="train")
+    rl = vapo.step_prompts(rows, 0, cfg)
+    pretrain = data.prompt_batch(rows, 0, cfg.prompts_per_rollout, config.stream(cfg.seed, "pretrain_prompts"))
+    assert [p["expr"] for p in rl] != [p["expr"] for p in pretrain]
