@@ -57,8 +57,8 @@ def _check_right_padded(mask: torch.Tensor) -> None:
 def _discounted_reverse_cumsum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """y_t = sum_{k >= 0} c^k x_{t+k} for each row, with a per-row discount c in [0, 1].
 
-    Equivalent to the per-token loop `y_t = x_t + c * y_{t+1}` run backwards from y_T = 0, without a Python
-    iteration per token. Cut the T steps into blocks of K = SCAN_BLOCK:
+    Equivalent to the per-token loop `y_t = x_t + c * y_{t+1}` run backwards from y_T = 0 (as in gae_loop),
+    without a Python iteration per token. Cut the T steps into blocks of K = SCAN_BLOCK:
       1. inside every block at once, one batched matrix product: local_i = sum_{j >= i in block} c^(j-i) x_j;
       2. the value at the start of each block obeys the same recursion one level up, Y_n = local_{n,0} +
          c^K Y_{n+1}, so it is this same function on T / K numbers with discount c^K (recursion depth log_K T);
@@ -85,6 +85,30 @@ def _discounted_reverse_cumsum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor
     return y.reshape(B, n_blocks * K)[:, :T]
 
 
+def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+             lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE as the textbook writes it, one token at a time from the end: the reference that gae() is tested
+    equal to. Same arguments, conventions and outputs as gae(); T Python iterations, so gae() is what runs.
+
+        delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)             (V = 0 after the last real token)
+        A_t     = delta_t + gamma * lambda * A_{t+1}            (A = 0 after the last real token)
+        R_t     = A_t + V(s_t)
+    """
+    m = mask.to(torch.float32)  # [B, T]
+    r = rewards.detach().to(torch.float32) * m  # [B, T]
+    v = values.detach().to(torch.float32) * m  # [B, T]; 0 on padding, so V(s_{t+1}) = 0 past the end
+    B, T = r.shape
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=r.device).expand(B)  # [B]
+    advantages = torch.zeros_like(r)  # [B, T]
+    running = torch.zeros(B, device=r.device)  # [B], A_{t+1}
+    for t in reversed(range(T)):
+        next_v = v[:, t + 1] if t + 1 < T else torch.zeros_like(running)  # [B]
+        delta = r[:, t] + gamma * next_v - v[:, t]  # [B]
+        running = (delta + gamma * lam * running) * m[:, t]  # [B]; 0 on padding (right-padded: 0 after it too)
+        advantages[:, t] = running
+    return advantages, (advantages + v) * m
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2015, arXiv 1506.02438; VAPO section 2, Eq. 3-4).
@@ -96,6 +120,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     V(s_{t+1}) = 0 after the last real token: the response has ended, no reward is still to come, so the
     terminal state is worth nothing whatever the critic would say about it. With gamma = lambda = 1 and a
     single terminal reward R, R_t = R at every real token and A_t = R - V(s_t) (Monte-Carlo).
+
+    The recursion A_t = delta_t + gamma * lambda * A_{t+1} is gae_loop() above, token by token; here the same
+    sums are one blocked scan (_discounted_reverse_cumsum), without a Python iteration per token.
 
     Everything under the mask (rewards, values of padding) is ignored and both outputs are exactly 0 there.
     A row with no real token (an empty generation) gives all zeros. No whitening here: see

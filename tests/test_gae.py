@@ -1,27 +1,13 @@
-"""gae.py: hand-worked numbers, equivalence with a plain per-token loop, invariance to what sits under the mask."""
+"""gae.py: hand-worked numbers (for the scan and the reference loop), the scan equal to the loop gae_loop, invariance
+to what sits under the mask."""
 import math
 
 import pytest
 import torch
 
-from gae import SCAN_BLOCK, decoupled_gae, gae, group_advantage, length_adaptive_lambda
+from gae import SCAN_BLOCK, decoupled_gae, gae, gae_loop, group_advantage, length_adaptive_lambda
 
-
-def loop_gae(rewards, values, mask, gamma, lam):
-    """The textbook definition, one sample and one token at a time, in float64. lam: float or per-row list."""
-    B, T = rewards.shape
-    adv = torch.zeros(B, T, dtype=torch.float64)
-    for b in range(B):
-        lam_b = float(lam[b]) if isinstance(lam, (list, torch.Tensor)) else lam
-        length = int(mask[b].sum())
-        running = 0.0
-        for t in reversed(range(length)):
-            next_v = float(values[b, t + 1]) if t + 1 < length else 0.0  # V = 0 after the last real token
-            delta = float(rewards[b, t]) + gamma * next_v - float(values[b, t])
-            running = delta + gamma * lam_b * running
-            adv[b, t] = running
-    ret = (adv + values.double()) * mask.double()
-    return adv, ret
+BOTH = pytest.mark.parametrize("gae_fn", [gae, gae_loop], ids=["scan", "loop"])
 
 
 def ragged_batch(lengths, T, seed=0):
@@ -59,16 +45,18 @@ def test_length_adaptive_lambda_clamps_and_validates():
 
 # ---- GAE: hand-worked numbers -----------------------------------------------------------------------------
 
-def test_monte_carlo_case_return_is_final_reward():
+@BOTH
+def test_monte_carlo_case_return_is_final_reward(gae_fn):
     """lambda = 1, gamma = 1, terminal reward R: return R at every real token, advantage R - V_t."""
     rewards, values, mask = ragged_batch([5, 3, 7], T=8, seed=1)
-    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv, ret = gae_fn(rewards, values, mask, gamma=1.0, lam=1.0)
     final = rewards.sum(-1, keepdim=True)  # [B, 1], the one terminal reward of each row
     torch.testing.assert_close(ret, final * mask)
     torch.testing.assert_close(adv, (final - values) * mask)
 
 
-def test_small_case_worked_on_paper():
+@BOTH
+def test_small_case_worked_on_paper(gae_fn):
     """T = 3, r = (0, 0, 1), V = (0.5, 0.2, 0.4).
     gamma = 1, lambda = 0.5: deltas (-0.3, 0.2, 0.6); A_2 = 0.6, A_1 = 0.2 + 0.5*0.6 = 0.5,
     A_0 = -0.3 + 0.5*0.5 = -0.05; returns A + V = (0.45, 0.7, 1.0).
@@ -77,16 +65,17 @@ def test_small_case_worked_on_paper():
     r = torch.tensor([[0.0, 0.0, 1.0]])
     v = torch.tensor([[0.5, 0.2, 0.4]])
     m = torch.ones(1, 3)
-    adv, ret = gae(r, v, m, gamma=1.0, lam=0.5)
+    adv, ret = gae_fn(r, v, m, gamma=1.0, lam=0.5)
     torch.testing.assert_close(adv, torch.tensor([[-0.05, 0.5, 0.6]]))
     torch.testing.assert_close(ret, torch.tensor([[0.45, 0.7, 1.0]]))
-    adv, _ = gae(r, v, m, gamma=0.9, lam=0.5)
+    adv, _ = gae_fn(r, v, m, gamma=0.9, lam=0.5)
     torch.testing.assert_close(adv, torch.tensor([[-0.1265, 0.43, 0.6]]))
 
 
-def test_lambda_zero_is_one_step_td():
+@BOTH
+def test_lambda_zero_is_one_step_td(gae_fn):
     rewards, values, mask = ragged_batch([4, 6], T=6, seed=2)
-    adv, _ = gae(rewards, values, mask, gamma=1.0, lam=0.0)
+    adv, _ = gae_fn(rewards, values, mask, gamma=1.0, lam=0.0)
     next_v = torch.cat([values[:, 1:], torch.zeros(2, 1)], dim=1) * mask
     torch.testing.assert_close(adv, (rewards + next_v - values) * mask)
 
@@ -100,9 +89,9 @@ def test_equivalent_to_plain_loop_with_per_sample_lambda(gamma):
     rewards, values, mask = ragged_batch(lengths, T, seed=3)
     lam = torch.tensor([0.0, 0.3, 0.8, 0.95, 1.0, 0.99, 0.7])
     adv, ret = gae(rewards, values, mask, gamma=gamma, lam=lam)
-    adv_ref, ret_ref = loop_gae(rewards, values, mask, gamma, lam)
-    torch.testing.assert_close(adv.double(), adv_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ret.double(), ret_ref, atol=1e-5, rtol=1e-5)
+    adv_ref, ret_ref = gae_loop(rewards, values, mask, gamma, lam)
+    torch.testing.assert_close(adv, adv_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ret, ret_ref, atol=1e-5, rtol=1e-5)
 
 
 def test_per_sample_lambda_equals_scalar_lambda_row_by_row():
@@ -120,8 +109,8 @@ def test_long_sequence_stays_accurate():
     """T = 5000 with lambda close to 1: no overflow or drift from the blocked scan (powers stay <= 1)."""
     rewards, values, mask = ragged_batch([5000, 4321], 5000, seed=5)
     adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.999)
-    adv_ref, ret_ref = loop_gae(rewards, values, mask, 1.0, 0.999)
-    torch.testing.assert_close(adv.double(), adv_ref, atol=1e-4, rtol=1e-4)
+    adv_ref, ret_ref = gae_loop(rewards, values, mask, 1.0, 0.999)
+    torch.testing.assert_close(adv, adv_ref, atol=1e-4, rtol=1e-4)
     assert torch.isfinite(ret).all()
 
 
@@ -182,8 +171,8 @@ def test_bfloat16_inputs_accumulate_in_float32():
     v16 = values.to(torch.bfloat16)
     adv, ret = gae(rewards.to(torch.bfloat16), v16, mask.to(torch.bfloat16), lam=0.95)
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
-    adv_ref, ret_ref = loop_gae(rewards, v16.float(), mask, 1.0, 0.95)  # same inputs, rounded to bf16
-    torch.testing.assert_close(adv.double(), adv_ref, atol=1e-5, rtol=1e-5)
+    adv_ref, ret_ref = gae_loop(rewards, v16.float(), mask, 1.0, 0.95)  # same inputs, rounded to bf16
+    torch.testing.assert_close(adv, adv_ref, atol=1e-5, rtol=1e-5)
 
 
 # ---- Decoupled GAE ----------------------------------------------------------------------------------------
