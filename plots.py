@@ -7,7 +7,7 @@ Panels: held-out and training accuracy; mean response length (a falling length w
 length collapse the paper warns about); the critic's explained variance, value pretraining included; losses;
 lambda_policy and entropy.
 
-The teaching views (from the run's tokens.jsonl, written by run.TokenViews at step 0, after value pretraining and
+The teaching views (from the run's tokens.jsonl, written by views.TokenViews at step 0, after value pretraining and
 at every evaluation; no service needed) go to runs/<run>/views/step-N/: for four probe responses (the shortest and
 the longest, right and wrong), one figure each with, token by token, V(s_t) and the critic's return target; the
 policy's advantage under the length-adaptive lambda, a fixed 0.95 and 1.0 side by side (how far the terminal
@@ -132,7 +132,7 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def read_tokens(run_dir: str) -> list[dict]:
-    """The records of a run's tokens.jsonl (run.TokenViews), in order."""
+    """The records of a run's tokens.jsonl (views.TokenViews), in order."""
     return read_jsonl(os.path.join(run_dir, "tokens.jsonl"))
 
 

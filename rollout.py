@@ -824,7 +824,7 @@ def trainer_reserve_bytes(policy, critic) -> int:
     (this process's shares; an estimate, documented here, that engine_memory_share keeps free):
         AdamW moments of both models                              8 B x parameters
     Not counted: the RL update (the engine sleeps through it: scoring and the update run after engine.sleep()),
-    value pretraining's critic update and the teaching views' scoring (vapo.pretrain_value and run.TokenViews put
+    value pretraining's critic update and the teaching views' scoring (vapo.pretrain_value and views.TokenViews put
     the engine to sleep around them: engine_asleep), evaluation (it samples with the engine). Gradients are freed
     after every optimizer step."""
     numel = lambda m: sum(_local_numel(p) for p in m.parameters()) if m is not None else 0  # noqa: E731
@@ -852,7 +852,7 @@ def engine_memory_share(requested: float, free: int, total: int, reserve: int) -
 @contextlib.contextmanager
 def engine_asleep(engine, policy, parallel):
     """The engine's device memory freed around work that runs while it is idle and needs memory (the teaching
-    views' scoring, run.TokenViews): a vLLM engine on a GPU sleeps, the block runs, and the policy's weights are
+    views' scoring, views.TokenViews): a vLLM engine on a GPU sleeps, the block runs, and the policy's weights are
     written back into it (load_weights wakes it: a level-2 sleep discards the weights). An engine that does not
     sleep (the HF engine, vLLM on a CPU, one already asleep) is left as it is."""
     if not getattr(engine, "sleep_enabled", False) or getattr(engine, "asleep", False):

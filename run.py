@@ -6,9 +6,10 @@ and the decision after each step.
     Run                the run folder: config.json, metrics.jsonl, checkpoint/ (+ checkpoint.prev/, the fallback),
                        critic_pretrained/, curves.png; resume (Progress), the signals, the after-step decision
                        (log; stop on non-finite steps; evaluate and plot; save; stop on a signal)
-    save_checkpoint    write to checkpoint.tmp, verify by reading it back, swap in (models.replace_atomically)
-    load_checkpoint    the newest readable checkpoint, falling back to the one before
     SingleProcess      the hook through which vapo.py sees the whole batch: the identity in one process
+
+Two rooms of their own beside it: checkpoints.py (writing a checkpoint so that a kill leaves a whole one, reading
+it back with its fallback) and views.py (the per-token record behind the teaching views, TokenViews).
 
 A kill at any moment leaves a run that `--resume` continues: records are whole lines, checkpoints are swapped in
 whole, and a run killed before its first checkpoint starts again from the beginning (or from critic_pretrained/).
@@ -22,27 +23,24 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import signal
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from config import stream
+from checkpoints import fault_point, load_checkpoint, save_checkpoint, save_pretrained_atomic, write_atomically
 from data import check_gold_answers, load_data
-from models import found_or_exit, load_models, load_tokenizer, pick_device, replace_atomically, safetensors_files
-from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
-from plots import pick_probes, plot_metrics, plot_tokens, read_tokens
-from rollout import VLLM_PROMPT_TOKENS, check_vllm_device, engine_asleep, score_rollout, vllm_max_model_len
-from reward import Verifier, arith_reward, math_reward, truncation_rule
-from task import BUILTIN_MODELS, first_error, shipped_model
+from models import found_or_exit, load_models, load_tokenizer, pick_device, safetensors_files
+from plots import plot_metrics
+from rollout import VLLM_PROMPT_TOKENS, check_vllm_device, vllm_max_model_len
+from reward import Verifier, arith_reward, math_reward
+from task import BUILTIN_MODELS, shipped_model
+from views import TokenViews
 
 log = logging.getLogger("vapo")
 
@@ -483,160 +481,6 @@ def close_engine(engine, parallel: SingleProcess):
         engine.close()
 
 
-# ==================================================================================================================
-# The per-token record behind the teaching views (python plots.py tokens RUN_DIR)
-# ==================================================================================================================
-
-PROBE_PROMPTS, PROBE_SAMPLES = 8, 4  # the probe set: held-out prompts x samples from the starting policy
-
-
-class TokenViews:
-    """A fixed set of probe responses (PROBE_PROMPTS held-out prompts x PROBE_SAMPLES, sampled once from the
-    starting policy with a fixed seed, kept in probes.json so that a resumed run keeps them), scored token by token
-    at step 0, after value pretraining and at every evaluation; one JSON line per record in tokens.jsonl, with
-    every probe's reward and length, and these rows for the four that plots.py draws (plots.pick_probes):
-
-        V(s_t) and the critic's return target (lambda_critic) under the current critic; the policy's advantage,
-        raw (before whitening), under the length-adaptive lambda, a fixed 0.95 and 1.0 (critic-free runs: the
-        group advantage); the probability ratio pi_new / pi_old of the step's update (pi_old: the policy before
-        that step's update; 1 where there was none yet) with the clip bounds; the entropy; and, over the whole
-        probe set, the mean V(s_t) and the mean Monte-Carlo return (gamma = 1: the reward) by token position.
-
-    One process only (a sharded run's models cannot score alone: the views are skipped there). plots.py draws
-    them; nothing here needs a service running."""
-
-    def __init__(self, run: "Run"):
-        # a weak reference: Run holds its views, and a cycle between the two would keep the run's models, optimizers
-        # and engine allocated after train() returns, until a full garbage collection (16 GB on a GPU at 0.5B)
-        self.run, self.cfg = weakref.proxy(run), run.cfg
-        self.path, self.probes_path = os.path.join(run.dir, "tokens.jsonl"), os.path.join(run.dir, "probes.json")
-        self.enabled = run.cfg.token_views and run.parallel.world_size == 1
-        self.probes, self.old_logprobs, self.rows = None, None, None
-
-    def _probes(self, engine, held_out, verifier):
-        """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
-        from rollout import rollout_from_tokens
-        tokenizer = self.run.tokenizer
-        if os.path.exists(self.probes_path):
-            with open(self.probes_path) as fh:
-                saved = json.load(fh)
-        else:
-            rows = held_out[:PROBE_PROMPTS]
-            r = engine.generate([row["prompt"] for row in rows], n=PROBE_SAMPLES,
-                                seed=stream(self.cfg.seed, "views_probe"))
-            golds = [rows[int(i)]["answer"] for i in r.prompt_index]
-            saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
-                                                                         r.prompt_mask[::PROBE_SAMPLES])],
-                     "responses": [ids[:n].tolist() for ids, n in zip(r.response_ids, r.lengths)],
-                     "rewards": truncation_rule(verifier.score(r.texts, golds), r.truncated.tolist(),
-                                                self.cfg.truncated_reward)}
-            if self.run.parallel.is_main:
-                write_atomically(self.probes_path, json.dumps(saved))
-        probes = rollout_from_tokens(saved["prompts"], saved["responses"], [[0.0] * len(x) for x in saved["responses"]],
-                                     PROBE_SAMPLES, engine.eos_ids, engine.pad_id, tokenizer, engine.device)
-        return probes, torch.tensor(saved["rewards"], device=engine.device)
-
-    def keep_old(self, policy, step: int):
-        """Before step `step`'s update, when an evaluation follows it: the probes' log-probs under the policy then
-        (pi_old of that update's ratio). With --eval-every-samples the step's cost is foreseen as one batch; a
-        step that generates more (DAPO's extra rounds) and so reaches an evaluation unforeseen shows a ratio of 1
-        in its views."""
-        cfg, before = self.cfg, self.run.generated
-        after = before + cfg.batch_size
-        if self.enabled and self.probes is not None and (
-                step == cfg.steps or (cfg.max_samples is not None and after >= cfg.max_samples)
-                or self.run.evaluates(step, before, after)):
-            with engine_asleep(self.run.engine, policy, self.run.parallel):  # float32 logits: not beside the engine
-                self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
-                                                  cfg.temperature)["old_logprobs"]
-
-    def record(self, step: int, stage: str, policy, critic, engine, held_out, verifier):
-        if not self.enabled or not held_out:
-            return
-        try:
-            if self.probes is None:
-                self.probes = self._probes(engine, held_out, verifier)
-                self.rows = held_out[:PROBE_PROMPTS]  # the probes' problems, PROBE_SAMPLES responses each
-            with engine_asleep(engine, policy, self.run.parallel):  # the scoring's logits: not beside the engine
-                self._write(step, stage, policy, critic)
-        except Exception as err:  # noqa: BLE001 - a view must not stop a long run
-            log.warning("could not record the token views at step %d: %s", step, err)
-        self.old_logprobs = None
-
-    def _write(self, step: int, stage: str, policy, critic):
-        cfg, (probes, rewards) = self.cfg, self.probes
-        mask = probes.response_mask
-        scored = score_rollout(policy, critic, probes, cfg.micro_batch_size, cfg.temperature)
-        new = scored["old_logprobs"]  # [B, T] under the current policy
-        old = self.old_logprobs if self.old_logprobs is not None else new
-        terminal = terminal_rewards(rewards, mask)  # [B, T], the reward on the last token
-        rows = {"logprob": new, "entropy": scored["entropy"], "ratio": torch.where(mask.bool(), (new - old).exp(), 0.0)}
-        lam_policy = length_adaptive_lambda(probes.lengths, cfg.alpha)  # [B]
-        if critic is not None:
-            values = scored["values"]
-            adaptive, returns = decoupled_gae(terminal, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
-                                              lam_critic=cfg.lam_critic)
-            rows |= {"value": values, "return": returns, "adv_adaptive": adaptive}
-            for name, lam in (("adv_0.95", 0.95), ("adv_1.0", 1.0)):
-                rows[name] = gae(terminal, values, mask, gamma=cfg.gamma, lam=lam)[0]
-            counts = mask.sum(0).clamp(min=1)  # [T] responses that reach position t
-            by_position = {"mean_value": ((values * mask).sum(0) / counts).tolist(),
-                           "mean_return": ((rewards[:, None] * mask).sum(0) / counts).tolist(),
-                           "count": mask.sum(0).tolist()}
-        else:
-            rows["adv_group"] = group_advantage(rewards, mask, PROBE_SAMPLES)
-            by_position = None
-        tokenizer = self.run.tokenizer
-        out = [{"reward": float(rewards[b]), "length": int(probes.lengths[b])} for b in range(probes.B)]
-        for b in pick_probes(out):  # token by token for the four drawn only: a compact record at any length
-            n = out[b]["length"]
-            ids = probes.response_ids[b, :n].tolist()
-            out[b] |= {"lam_policy": round(float(lam_policy[b]), 6), "tokens": ids,
-                       "prompt": tokenizer.decode(probes.prompt_ids[b][probes.prompt_mask[b].bool()]),
-                       "pieces": [tokenizer.decode([i]) for i in ids],
-                       **{k: [round(float(x), 6) for x in v[b, :n]] for k, v in rows.items()}}
-            wrong_at = self._first_wrong_token(b, ids, out[b]["pieces"])
-            if wrong_at is not None:
-                out[b]["first_error"] = wrong_at
-        line = {"step": step, "stage": stage, "eps_low": cfg.eps_low, "eps_high": cfg.eps_high_used,
-                "lam_critic": cfg.lam_critic, "alpha": cfg.alpha, "probes": out, "by_position": by_position}
-        if self.run.parallel.is_main:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(line) + "\n")
-            plot_views(self.run.dir, step, stage)
-
-    def _first_wrong_token(self, b: int, ids: list[int], pieces: list[str]) -> int | None:
-        """The token at which probe b first goes wrong, where the task knows every correct step (the built-in
-        task: task.first_error), else None."""
-        row = self.rows[b // PROBE_SAMPLES] if self.rows else None
-        if row is None or "expr" not in row:
-            return None
-        char = first_error(self.run.tokenizer.decode(ids, skip_special_tokens=True), row)
-        if char is None:
-            return None
-        ends = 0
-        for t, piece in enumerate(pieces):  # the token whose text covers that character
-            ends += len(piece)
-            if ends > char:
-                return t
-        return len(pieces) - 1
-
-    def truncate(self, step: int):
-        """Resume: drop the records of steps after the checkpoint's (they will be written again)."""
-        if os.path.exists(self.path) and self.run.parallel.is_main:
-            write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in read_tokens(self.run.dir)
-                                                if r["step"] <= step))
-
-
-def plot_views(run_dir: str, step: int, stage: str):
-    """The teaching views of a record (plots.py), written into run_dir/views/; a failure is logged, never fatal."""
-    try:
-        plot_tokens(run_dir, step, stage)
-    except Exception as err:  # noqa: BLE001
-        log.warning("could not draw the token views of step %d: %s", step, err)
-    gc.collect()
-
-
 def plot(run: Run):
     """curves.png in the run folder (see plots.py); a plotting failure is logged, never fatal to training.
 
@@ -649,151 +493,3 @@ def plot(run: Run):
     except Exception as err:  # noqa: BLE001 - a broken plot must not stop a long run
         log.warning("could not plot %s: %s", run.metrics_path, err)
     gc.collect()
-
-
-# ==================================================================================================================
-# Writing so that a kill leaves the old or the new, never a mix
-# ==================================================================================================================
-
-def fault_point(name: str):
-    """Fault injection for the kill harness (tests/test_faults.py): with VAPO_FAULT_POINT=name in the environment,
-    the process kills itself with SIGKILL here, as a scheduler or the OOM killer might. Nothing otherwise."""
-    if os.environ.get("VAPO_FAULT_POINT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def write_atomically(path: str, text: str):
-    """A small text file, written so that a kill leaves either the old or the new content."""
-    with open(path + ".tmp", "w") as fh:
-        fh.write(text)
-    replace_atomically(path + ".tmp", path)
-
-
-def save_pretrained_atomic(model, folder: str, parallel: SingleProcess, tokenizer=None):
-    """A Hugging Face folder of the model (and tokenizer) written to folder.tmp, then swapped in as folder."""
-    tmp = folder + ".tmp"
-    if parallel.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-    parallel.barrier()
-    parallel.save_pretrained(model, tmp)  # sharded: every process takes part, the main one writes
-    if parallel.is_main:
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        replace_atomically(tmp, folder)
-    parallel.barrier()
-
-
-# ==================================================================================================================
-# Checkpoints
-# ==================================================================================================================
-
-def save_checkpoint(run: Run, step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool,
-                    pretrain: dict | None = None):
-    """checkpoint/ = policy/ and critic/ (Hugging Face format), state.pt (optimizers, schedulers, RNG states,
-    step; `pretrain` = {"step", "recent"} while value pretraining is unfinished).
-
-    Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then
-    swapped in; the checkpoint it replaces becomes checkpoint.prev, the fallback if the new one is ever found
-    damaged. A kill at any moment leaves at least one complete checkpoint (once the first has been written).
-    Sharded (scale/): the policy and critic folders hold the full weights, gathered and written by the main process
-    (stock transformers and vLLM load them); the optimizers' shards are written by every process under
-    optimizer/ (torch.distributed.checkpoint), and each process's RNG state under rng/.
-    """
-    parallel = run.parallel
-    final, tmp, prev = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.prev"))
-    if parallel.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-    parallel.barrier()
-    parallel.save_pretrained(policy, os.path.join(tmp, "policy"))
-    if parallel.is_main:
-        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-    fault_point("checkpoint:policy-written")
-    if critic is not None:  # GRPO and DAPO have none
-        parallel.save_pretrained(critic, os.path.join(tmp, "critic"))
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-    state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
-             "optimizers": parallel.save_optimizers(optimizers, tmp), "rng": rng}
-    if parallel.world_size > 1:
-        os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
-        torch.save(rng, os.path.join(tmp, "rng", f"{parallel.rank}.pt"))
-    if parallel.is_main:
-        torch.save(state, os.path.join(tmp, "state.pt"))
-    fault_point("checkpoint:state-written")
-    parallel.barrier()
-    if parallel.is_main:
-        read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
-        replace_atomically(tmp, final, previous=prev, between=lambda: fault_point("checkpoint:between-renames"))
-    parallel.barrier()
-
-
-class CheckpointError(Exception):
-    """A checkpoint folder that cannot be read back; the message names the file."""
-
-
-def read_checkpoint(path: str, with_critic: bool) -> dict:
-    """A checkpoint folder, checked: {"policy": its weights' folder, "critic": the critic's or None, "state": the
-    state.pt dict}. Every safetensors file is opened (its header read and its size checked against it: a truncated
-    file fails here), but its tensors are left on disk for parallel.load_weights, which reads each process's own
-    rows only. Raises CheckpointError naming the missing or unreadable file."""
-    def weights(name):
-        folder = os.path.join(path, name)
-        files = safetensors_files(folder)
-        if not files:
-            raise CheckpointError(f"{folder}: no .safetensors weights")
-        for file in files:
-            try:
-                with safe_open(file, "pt") as fh:
-                    fh.keys()
-            except Exception as err:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
-                raise CheckpointError(f"{file}: unreadable ({type(err).__name__}: {err})") from err
-        return folder
-
-    out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
-    state_path = os.path.join(path, "state.pt")
-    try:
-        out["state"] = torch.load(state_path, map_location="cpu", weights_only=True)  # tensors and plain data only
-    except Exception as err:  # noqa: BLE001 - a truncated zip, a missing file, a pickle error
-        raise CheckpointError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
-    if not isinstance(out["state"], dict) or not {"step", "optimizers", "rng"} <= out["state"].keys():
-        raise CheckpointError(f"{state_path}: not a vapo training state")
-    return out
-
-
-def load_checkpoint(run: Run, policy, critic, optimizers) -> dict | None:
-    """Restore weights, optimizers and RNG from the run's newest readable checkpoint (checkpoint/, else
-    checkpoint.prev/ with a warning naming what was wrong) -> its state dict ({"step", "value_pretrained",
-    "pretrain"}), or None if the run has no complete checkpoint (killed before its first one finished)."""
-    parallel = run.parallel
-    candidates = [c for c in (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.prev")) if os.path.exists(c)]
-    for i, path in enumerate(candidates):
-        try:
-            saved = read_checkpoint(path, critic is not None)
-        except CheckpointError as err:
-            later = candidates[i + 1:]
-            log.warning("checkpoint %s is damaged: %s; %s", path, err,
-                        f"falling back to {later[0]}" if later else "no earlier checkpoint to fall back to")
-            if not later:
-                raise SystemExit(f"--resume {run.dir}: no readable checkpoint ({err})") from None
-            continue
-        for name, model in (("policy", policy), ("critic", critic)):
-            if model is None:
-                continue
-            missing, unexpected = parallel.load_weights(model, saved[name])
-            missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
-            if missing or unexpected:
-                raise SystemExit(f"checkpoint {path}/{name} does not fit the model: missing {missing}, "
-                                 f"unexpected {unexpected}")
-        state = saved["state"]
-        parallel.load_optimizers(optimizers, state["optimizers"], path)
-        rng = state["rng"]
-        if parallel.world_size > 1:  # each process's own (sharded runs write one per process)
-            rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), map_location="cpu", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        log.info("resuming from %s (step %d)", path, state["step"])
-        return {"step": state["step"], "value_pretrained": state["value_pretrained"],
-                "pretrain": state.get("pretrain")}
-    return None

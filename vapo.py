@@ -47,8 +47,9 @@ Where we differ from the paper, on purpose:
 5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy,
    each with its standard error over prompts (`--preset long`: top-p 1.0, avg@2 on 550 of 1,100 prompts).
 
-Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, checkpoints,
-signals, when to evaluate and save), rollout.py, reward.py, gae.py, losses.py, models.py, data.py, task.py.
+Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, signals, when to
+evaluate and save), checkpoints.py, views.py (the teaching views' record), rollout.py, reward.py, gae.py, losses.py,
+models.py, data.py, task.py.
 """
 from __future__ import annotations
 

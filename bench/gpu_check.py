@@ -46,8 +46,8 @@ autocast, gradient checkpointing, micro-batches of 4, mini-batches of 128) with 
 --samples-per-prompt and --max-new-tokens, no held-out evaluation (--eval-prompts 0), checkpoints after value
 pretraining and at the end only (the real path: policy, critic and AdamW states, written, synced and read back).
 To measure, it wraps (times, synchronising the GPU, and takes the peak memory of) HFEngine.generate,
-vapo.pretrain_value, rollout.score_rollout, vapo.update, run.save_checkpoint and run.load_checkpoint while train
-runs; nothing else is changed.
+vapo.pretrain_value, rollout.score_rollout, vapo.update, checkpoints.save_checkpoint and checkpoints.load_checkpoint
+(where run.py imported them) while train runs; nothing else is changed.
 
 Reports, per RL step and in summary (medians over the steps; the first step includes CUDA's start-up):
 - generation tokens per second: response tokens generated (EOS included) / seconds of HFEngine.generate, and the
@@ -376,7 +376,7 @@ def steps_done(run_dir: str) -> int:
 
 def resume_part(args, cfg, probe: Probe, box_s: float) -> dict:
     """vapo.train --resume on the train part's folder for one RL step more: the checkpoint read back (weights,
-    AdamW states, RNG: run.load_checkpoint, timed) and trained on."""
+    AdamW states, RNG: checkpoints.load_checkpoint, timed) and trained on."""
     before = steps_done(cfg.output_dir)
     cfg = dataclasses.replace(cfg, steps=before + 1)
     probe.phase = "resume"
@@ -516,8 +516,8 @@ def main(argv=None):
         probe.wrap(vapo, "pretrain_value", "pretrain_value")
         probe.wrap(vapo, "score_rollout", "score_rollout")  # as vapo.py imported it
         probe.wrap(vapo, "update", "update", _updated)
-        probe.wrap(run, "save_checkpoint", "save_checkpoint")
-        probe.wrap(run, "load_checkpoint", "load_checkpoint")
+        probe.wrap(run, "save_checkpoint", "save_checkpoint")  # checkpoints.py's, as run.py imported it
+        probe.wrap(run, "load_checkpoint", "load_checkpoint")  # (Run.save and Run.restore look them up there)
         t_train = time.perf_counter()
         records, parts = [], {}
         if "train" in args.parts:

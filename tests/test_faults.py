@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import checkpoints
 import config
 import models
 import run
@@ -116,12 +117,12 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path):
         save_file({"w": torch.zeros(1)}, str(ckpt / model / "model.safetensors"))
     marker = tmp_path / "code-ran"
     torch.save({"step": 1, "optimizers": {}, "rng": _RunsCode(str(marker))}, ckpt / "state.pt")
-    with pytest.raises(run.CheckpointError, match="state.pt: unreadable"):
-        run.read_checkpoint(str(ckpt), with_critic=True)
+    with pytest.raises(checkpoints.CheckpointError, match="state.pt: unreadable"):
+        checkpoints.read_checkpoint(str(ckpt), with_critic=True)
     assert not marker.exists()
     torch.save({"step": 1, "optimizers": {"policy": ({"state": {}, "param_groups": []}, {"last_epoch": 3})},
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": None}}, ckpt / "state.pt")
-    state = run.read_checkpoint(str(ckpt), with_critic=True)["state"]  # what save_checkpoint writes still loads
+    state = checkpoints.read_checkpoint(str(ckpt), with_critic=True)["state"]  # what save_checkpoint writes still loads
     assert state["step"] == 1 and tuple(state["rng"]["python"]) == random.getstate()
 
 

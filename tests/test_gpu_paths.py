@@ -13,6 +13,7 @@ import torch
 import rollout
 import run
 import vapo
+import views as views_mod
 
 TINY_RUN = dict(steps=1, prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=2,
                 max_new_tokens=8, value_pretrain_steps=1, eval_prompts=2, eval_samples=1, eval_every=1,
@@ -110,9 +111,9 @@ def test_the_views_score_with_the_engine_asleep(tiny_policy, tokenizer, monkeypa
     the weights back after, so the scoring never shares the device with the engine's memory."""
     calls = []
     engine = SleepyEngine(calls)
-    monkeypatch.setattr(run, "score_rollout", lambda *a, **k: calls.append(f"score asleep={engine.asleep}") or
+    monkeypatch.setattr(views_mod, "score_rollout", lambda *a, **k: calls.append(f"score asleep={engine.asleep}") or
                         {"old_logprobs": torch.zeros(1, 1)})
-    views = run.TokenViews.__new__(run.TokenViews)
+    views = views_mod.TokenViews.__new__(views_mod.TokenViews)
     views.cfg = vapo.Config(steps=1, micro_batch_size=2)
     views.run = types.SimpleNamespace(engine=engine, parallel=run.SingleProcess(), generated=0,
                                       evaluates=lambda *a: True)

@@ -220,7 +220,7 @@ def test_a_sharded_run_killed_in_a_checkpoint_resumes_from_its_shards(tmp_path):
     assert killed.returncode != 0
     assert not os.path.exists(os.path.join(out, "checkpoint")) and os.path.exists(os.path.join(out, "checkpoint.prev"))
     proc = run(accelerate("scale/train.py", "--resume", out, "--steps", "2"))
-    assert "checkpoint.prev (step 1)" in proc.stdout + proc.stderr  # run.load_checkpoint's "resuming from"
+    assert "checkpoint.prev (step 1)" in proc.stdout + proc.stderr  # checkpoints.load_checkpoint's "resuming from"
     steps = [r["step"] for r in records(out) if "train_acc" in r and "step" in r]
     assert steps == [1, 2], steps
     AutoModelForCausalLM.from_pretrained(os.path.join(out, "checkpoint", "policy"))

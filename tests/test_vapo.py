@@ -619,7 +619,8 @@ def test_the_runs_random_streams_are_named_in_one_place():
     to the seed, and the streams that must not share draws do not (the RL steps' prompts against value
     pretraining's; the evaluation's sampling against the trainer's)."""
     import re
-    for name in ("vapo.py", "run.py", "rollout.py", "data.py", "models.py", "config.py", "bench/long_study.py"):
+    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "data.py", "models.py", "config.py",
+                 "bench/long_study.py"):
         source = open(os.path.join(ROOT, name)).read()
         assert not re.search(r"seed\s*\+\s*\d", source), name
     streams = config.STREAMS

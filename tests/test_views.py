@@ -1,4 +1,4 @@
-"""The per-token teaching views (run.TokenViews records them, plots.py draws them): from a hand-made run folder,
+"""The per-token teaching views (views.TokenViews records them, plots.py draws them): from a hand-made run folder,
 and from a short run of the trainer."""
 import json
 import os
@@ -10,6 +10,7 @@ import gae
 import plots
 import run
 import vapo
+import views as views_mod
 
 
 def hand_made_record(rng: torch.Generator) -> dict:
@@ -85,7 +86,7 @@ def test_a_run_records_the_views_at_step_0_after_pretraining_and_at_each_evaluat
     assert [(r["step"], r["stage"]) for r in records] == [(0, "step 0"), (0, "after value pretraining"),
                                                           (1, "evaluation"), (2, "evaluation")]
     assert len({json.dumps([p.get("tokens") for p in r["probes"]]) for r in records}) == 1  # the same probes
-    assert len(records[0]["probes"]) == 4 * run.PROBE_SAMPLES
+    assert len(records[0]["probes"]) == 4 * views_mod.PROBE_SAMPLES
     for r in records:
         drawn = [p for p in r["probes"] if "value" in p]  # token by token for the four drawn only
         assert [r["probes"].index(p) for p in drawn] == plots.pick_probes(r["probes"]) and len(drawn) >= 2
@@ -112,7 +113,7 @@ def test_a_run_records_the_views_at_step_0_after_pretraining_and_at_each_evaluat
     class FakeRun(SimpleNamespace):  # a class: TokenViews holds its run by a weak reference
         pass
     fake = FakeRun(cfg=cfg, dir=cfg.output_dir, parallel=run.SingleProcess())
-    views = run.TokenViews(fake)
+    views = views_mod.TokenViews(fake)
     views.truncate(1)  # what Run.restore does on a resume from a step-1 checkpoint
     assert [(r["step"], r["stage"]) for r in plots.read_tokens(cfg.output_dir)] == [
         (0, "step 0"), (0, "after value pretraining"), (1, "evaluation")]
