@@ -24,7 +24,7 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
 | 3 | Length-adaptive GAE (3.2)       | `gae.length_adaptive_lambda`: lam_policy = 1 - 1 / (alpha * length)          |
 | 4 | Clip-Higher (3.3)               | `losses.policy_loss`: ratio clipped to [1 - eps_low, 1 + eps_high]          |
 | 5 | Token-level loss (3.3)          | `losses.aggregate(..., "token-mean")`: 1 / (sum of lengths) over the batch  |
-| 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `policy_micro_step`        |
+| 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `micro_batch_losses`       |
 | 7 | Group-Sampling (3.4)            | `rollout.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
 
 Each technique is one boolean in `Config` (e.g. `--no-clip-higher`) and one `if` where it acts, so the paper's
@@ -515,11 +515,11 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
 
     Micro-batches accumulate gradients; the losses are normalised by the whole mini-batch's token counts, so
     the micro-batch size never changes the result. Sharded (scale/), each process holds its share of the batch
-    and of every mini-batch (mini_batch_size / world size rows), the counts are those of the whole mini-batch
-    over all processes, and every process runs the same number of forward and backward passes (FSDP's
-    collectives need them all), empty micro-batches included. A mini-batch whose loss or gradient is not finite is
-    skipped (no optimizer step, none of its figures averaged in), counted in `skipped_nonfinite` and named in
-    `nonfinite_cause` (e.g. "policy loss, policy gradient"); a mini-batch of empty responses has nothing to learn.
+    and of every mini-batch (mini_batch_size / world size rows). A mini-batch whose loss or gradient is not
+    finite is skipped (no optimizer step, none of its figures averaged in), counted in `skipped_nonfinite` and
+    named in `nonfinite_cause` (e.g. "policy loss, policy gradient"). The losses are in micro_batch_losses;
+    the rules of sharding in mini_batches and micro_batches, of skipping in step_or_skip, of the logged figures
+    in record_policy and record_critic.
 
     batch: "values", "returns" [B, T]; for the policy also "old_logprobs", "advantages" [B, T] and
     "positive" [B] bool. train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the
@@ -529,28 +529,15 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     for m in models.values():
         m.train()
     stats, causes = Mean(), []
-    local_mini = cfg.mini_batch_size // parallel.world_size  # this process's share of a mini-batch
-    for _ in range(cfg.ppo_epochs):
-        # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
-        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
-            counts = mini_batch_counts(rollout, batch, mb, train_policy)
-            if counts[0] == 0:  # only empty responses: no token to learn from, nothing to step
-                continue
-            mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
-            for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
-                sub = rollout.select(micro, min_T=1 if parallel.world_size > 1 else 0)  # trimmed to its lengths
-                if float(sub.response_mask.sum()) == 0 and parallel.world_size == 1:
-                    continue  # empty responses only: they add nothing to a loss over tokens
-                part = {k: _columns(v[micro], sub.T) if v.dim() == 2 else v[micro] for k, v in batch.items()}
-                if train_policy:
-                    bad += policy_micro_step(policy, sub, part, counts, cfg, mb_stats)
-                if critic is not None:
-                    bad += critic_micro_step(critic, sub, part, counts, cfg, mb_stats)
-            cause = optimizer_step(models, optimizers, cfg, mb_stats, bad)
-            if cause is None:
-                stats.merge(mb_stats)
-            else:  # nothing of it is applied or averaged into the step's figures
-                causes.append(cause)
+    for mb, counts in mini_batches(rollout, batch, cfg, train_policy):
+        mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
+        for sub, part in micro_batches(rollout, batch, mb, cfg):
+            bad += micro_batch_losses(models.get("policy"), models.get("critic"), sub, part, counts, cfg, mb_stats)
+        cause = step_or_skip(models, optimizers, cfg, mb_stats, bad)
+        if cause is None:
+            stats.merge(mb_stats)
+        else:  # nothing of it is applied or averaged into the step's figures
+            causes.append(cause)
     out = stats.result()
     out["skipped_nonfinite"] = len(causes)
     if causes:
@@ -558,67 +545,116 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     return out
 
 
-def mini_batch_counts(rollout, batch: dict, mb: torch.Tensor, train_policy: bool) -> tuple[float, float, float]:
-    """(tokens, non-empty samples, tokens of correct samples) of the whole mini-batch, every process's share: the
-    normalisers of the token-level and sample-level losses and of the positive NLL."""
-    mask = rollout.response_mask[mb]  # [b, T]
-    positive_tokens = (mask * batch["positive"][mb, None]).sum() if train_policy else mask.new_zeros(())
-    counts = parallel.all_sum(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum(), positive_tokens]).double())
-    return tuple(counts.tolist())
+def micro_batch_losses(policy, critic, sub: Rollout, d: dict, counts: tuple, cfg: Config, stats: "Mean") -> list[str]:
+    """The losses of one micro-batch, in the order of the paper's equations, each backpropagated at once
+    (gradients accumulate over the mini-batch's micro-batches):
 
+        policy: L = L_PPO(ratio clipped to [1 - eps_low, 1 + eps_high], token-level or sample-level)    (Eq. 8)
+                    + beta * KL(pi || pi_init)   (our option, --kl-coef)
+                    + mu * L_NLL(correct samples)                                                         (Eq. 9)
+        critic: L_V = 0.5 * (V - R)^2, aggregated as the policy loss is (cfg.loss_agg: token-level for VAPO
+                and DAPO, per sample for PPO and GRPO, as verl's critic follows its actor's loss_agg_mode),
+                clipped around the old values with cfg.value_clip
 
-def policy_micro_step(policy, sub: Rollout, d: dict, counts: tuple, cfg: Config, stats: "Mean") -> list[str]:
-    """Forward and backward of the policy loss on one micro-batch (gradients accumulate):
-
-        L = L_PPO(ratio clipped to [1 - eps_low, 1 + eps_high], token-level or sample-level) + mu * L_NLL
-
-    with the normalisers of the whole mini-batch (counts), so that the micro-batch size never changes the result.
-    Returns the non-finite losses found (["policy loss"] or [])."""
+    Each is normalised by the whole mini-batch's counts (tokens, non-empty samples, tokens of correct samples),
+    so that the micro-batch size never changes the result. The policy's backward runs before the critic's
+    forward: the two graphs are never alive at once. policy None: critic only (value pretraining); critic None:
+    policy only (GRPO, DAPO).
+    Returns the non-finite losses found (e.g. ["policy loss"])."""
     n_tokens, n_seqs, n_positive = counts
-    m = sub.response_mask
-    weight = float(m.sum())
-    with autocast(cfg, sub.response_ids.device):
-        logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
-    pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low, cfg.eps_high_used,
-                                    cfg.loss_agg, n_tokens, n_seqs)  # techniques 4 and 5
-    loss = pg_loss
-    if cfg.kl_coef > 0:  # our option: beta * KL(pi || pi_init), aggregated as the policy loss
-        kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
-        loss = loss + cfg.kl_coef * kl
-        stats.add(kl_stats, weight)
-    if cfg.positive_nll:  # technique 6
-        nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
-        loss = loss + cfg.mu * nll
-        micro_positive = float((m * d["positive"][:, None]).sum())
-        stats.add({"nll_loss": nll.item() * n_positive / max(micro_positive, 1)}, micro_positive)
-    bad = [] if torch.isfinite(loss) else ["policy loss"]
-    loss.backward()
-    stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
+    m = sub.response_mask  # [b, T]
+    bad, kl_stats, nll = [], None, None
+    if policy is not None:
+        with autocast(cfg, sub.response_ids.device):
+            logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
+        pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low, cfg.eps_high_used,
+                                        cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8: techniques 4 and 5
+        loss = pg_loss
+        if cfg.kl_coef > 0:  # our option: beta * KL(pi || pi_init), aggregated as the policy loss
+            kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
+            loss = loss + cfg.kl_coef * kl
+        if cfg.positive_nll:  # Eq. 9: technique 6
+            nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
+            loss = loss + cfg.mu * nll
+        bad += nonfinite(loss, "policy loss")
+        loss.backward()  # the policy's graph freed before the critic's forward
+        record_policy(stats, m, d["positive"], counts, pg_loss, pg_stats, kl_stats, nll)
+    if critic is not None:
+        with autocast(cfg, sub.response_ids.device):
+            values = response_values(critic, sub)  # [b, T]
+        v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg, n_tokens,
+                                     n_seqs)
+        bad += nonfinite(v_loss, "value loss")
+        v_loss.backward()
+        record_critic(stats, m, counts, cfg, v_loss, v_stats)
     return bad
 
 
-def critic_micro_step(critic, sub: Rollout, d: dict, counts: tuple, cfg: Config, stats: "Mean") -> list[str]:
-    """Forward and backward of the value loss L_V = 0.5 * (V - R)^2 over the whole mini-batch, aggregated as the
-    policy loss is (cfg.loss_agg: token-level for VAPO and DAPO, per sample for PPO and GRPO, as verl's critic
-    follows its actor's loss_agg_mode), clipped around the old values with cfg.value_clip. Returns the non-finite
-    losses found (["value loss"] or [])."""
-    n_tokens, n_seqs, _ = counts
-    m = sub.response_mask
+def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool):
+    """Every epoch's shuffled mini-batches, each (mb, counts): mb the row indices of this process's share,
+    counts (tokens, non-empty samples, tokens of correct samples) of the whole mini-batch, every process's
+    share: the normalisers of the token-level and sample-level losses and of the positive NLL. Sharded (scale/),
+    each process holds mini_batch_size / world size rows of every mini-batch, and the counts are those of the
+    whole mini-batch over all processes. A mini-batch of only empty responses is left out: no token to learn
+    from, nothing to step."""
+    local_mini = cfg.mini_batch_size // parallel.world_size  # this process's share of a mini-batch
+    for _ in range(cfg.ppo_epochs):
+        # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
+        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
+            mask = rollout.response_mask[mb]  # [b, T]
+            positive_tokens = (mask * batch["positive"][mb, None]).sum() if train_policy else mask.new_zeros(())
+            counts = parallel.all_sum(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum(), positive_tokens]).double())
+            counts = tuple(counts.tolist())
+            if counts[0] == 0:  # only empty responses
+                continue
+            yield mb, counts
+
+
+def micro_batches(rollout, batch: dict, mb: torch.Tensor, cfg: Config):
+    """The micro-batches of mini-batch mb, rows of similar length together (by_length), each (sub, part): sub
+    the rows trimmed to their lengths, part the batch's entries for them ([b, T] ones cut to sub's T columns).
+    One process: a micro-batch of empty responses only is left out, it adds nothing to a loss over tokens.
+    Sharded (scale/): every process runs the same number of forward and backward passes (FSDP's collectives
+    need them all), so an empty micro-batch still runs, kept one column wide (min_T=1)."""
+    sharded = parallel.world_size > 1
+    for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
+        sub = rollout.select(micro, min_T=1 if sharded else 0)  # trimmed to its lengths
+        if float(sub.response_mask.sum()) == 0 and not sharded:
+            continue
+        yield sub, {k: _columns(v[micro], sub.T) if v.dim() == 2 else v[micro] for k, v in batch.items()}
+
+
+def nonfinite(loss: torch.Tensor, name: str) -> list[str]:
+    """[name] if loss is not finite (its mini-batch will be skipped), else []."""
+    return [] if torch.isfinite(loss) else [name]
+
+
+def record_policy(stats: "Mean", m: torch.Tensor, positive: torch.Tensor, counts: tuple, pg_loss: torch.Tensor,
+                  pg_stats: dict, kl_stats: dict | None, nll: torch.Tensor | None):
+    """Logs the policy's figures of one micro-batch, weighted by its tokens (the NLL by its correct samples'
+    tokens). Each loss is rescaled from the whole mini-batch's normaliser to this weight, so that the weighted
+    mean over the mini-batch's micro-batches is the mini-batch's loss (for a token-mean, the micro-batch's own)."""
+    n_tokens, _, n_positive = counts
     weight = float(m.sum())
-    with autocast(cfg, sub.response_ids.device):
-        values = response_values(critic, sub)  # [b, T]
-    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg, n_tokens,
-                                 n_seqs)
-    bad = [] if torch.isfinite(v_loss) else ["value loss"]
-    v_loss.backward()
-    # logged as this micro-batch's own loss, weighted by what the aggregation counts (tokens or samples)
+    if kl_stats is not None:
+        stats.add(kl_stats, weight)
+    if nll is not None:
+        micro_positive = float((m * positive[:, None]).sum())
+        stats.add({"nll_loss": nll.item() * n_positive / max(micro_positive, 1)}, micro_positive)
+    stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
+
+
+def record_critic(stats: "Mean", m: torch.Tensor, counts: tuple, cfg: Config, v_loss: torch.Tensor, v_stats: dict):
+    """Logs the critic's figures of one micro-batch: the value loss as this micro-batch's own loss, weighted by
+    what the aggregation counts (tokens or samples); its other figures weighted by tokens."""
+    n_tokens, n_seqs, _ = counts
+    weight = float(m.sum())
     norm, part = (n_tokens, weight) if cfg.loss_agg == "token-mean" else (n_seqs, float((m.sum(-1) > 0).sum()))
     stats.add({"value_loss": v_loss.item() * norm / max(part, 1)}, part)
     stats.add(v_stats, weight)
-    return bad
 
 
-def optimizer_step(models: dict, optimizers: dict, cfg: Config, stats: "Mean", bad: list[str]) -> str | None:
+def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: "Mean", bad: list[str]) -> str | None:
     """The end of a mini-batch: clip each model's gradient norm, then one optimizer and scheduler step of each, or
     none at all if any loss or gradient of the mini-batch, in any process, was not finite. Gradients are zeroed
     either way. Returns None when stepped, else the cause ("policy loss, policy gradient", ...)."""

@@ -552,7 +552,7 @@ def test_the_critic_loss_is_aggregated_as_the_policy_loss(monkeypatch, algo, agg
     returns = torch.tensor([[1.0, 0, 0, 0], [-1.0, -1.0, -1.0, -1.0]])
     d = {"returns": returns, "values": torch.zeros(2, 4)}
     stats = vapo.Mean()
-    assert vapo.critic_micro_step(None, ro, d, (5.0, 2.0, 0.0), cfg, stats) == []
+    assert vapo.micro_batch_losses(None, object(), ro, d, (5.0, 2.0, 0.0), cfg, stats) == []  # the critic only
     expected = aggregate(0.5 * returns ** 2, ro.response_mask, agg)
     grad = values.grad.clone()
     values.grad = None
