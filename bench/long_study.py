@@ -66,11 +66,12 @@ TIER2_LEVERS = {"mb8": ["--mini-batch-size", "8"], "epochs2": ["--ppo-epochs", "
                 "mu1": ["--mu", "1.0"]}  # added before any tier-2 result was seen: the positive-example NLL imitates
 #                                          correct samples, whose lookups are all right, ten times as strongly
 
-PRESET_POINT = "lr1.5e-5-mb4+mu1"  # the revised --preset long, as the tier-2 point the rule chose
+PRESET_POINT = "lr1.5e-5-mb4+mu1"  # the revised --preset long of tiers 3 and 4, the tier-2 point the rule chose
 TIER3 = {PRESET_POINT: [*TIER1["lr1.5e-5-mb4"], *TIER2_LEVERS["mu1"]],
          f"{PRESET_POINT}+lamc0.95": [*TIER1["lr1.5e-5-mb4"], *TIER2_LEVERS["mu1"], "--lam-critic", "0.95"]}
 TIER4 = {f"{PRESET_POINT}+mu3": [*TIER1["lr1.5e-5-mb4"], "--mu", "3.0"],
          f"{PRESET_POINT}+steps48": [*TIER3[PRESET_POINT], "--steps", "48"]}
+PRESET_NOW = f"{PRESET_POINT}+mu3"  # --preset long since tier 4: the point its rule chose
 
 
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:

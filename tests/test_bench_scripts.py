@@ -310,15 +310,16 @@ def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
 
 
 def test_long_study_tier_3_is_the_revised_preset_and_its_critic_lambda_alone():
-    """Tier 3 runs the preset again (for its checkpoints) and changes lambda_critic alone: its centre's options must
-    give exactly --preset long's config, and the lever point must differ from it in lam_critic only."""
+    """Tier 3 runs the preset of its time (mu 1) again (for its checkpoints) and changes lambda_critic alone: its
+    centre's options must give exactly that preset's config, and the lever point must differ from it in lam_critic
+    only."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import long_study
     import vapo
 
     def cfg(extra):
         return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
-    preset = cfg([])
+    preset = cfg(["--mu", "1.0"])  # --preset long of tiers 3 and 4 (tier 4 moved it to mu 3)
     centre, lever = (cfg(long_study.TIER3[name]) for name in long_study.TIER3)
     assert centre == preset
     changed = {f for f in preset.__dataclass_fields__ if getattr(lever, f) != getattr(preset, f)}
@@ -326,14 +327,16 @@ def test_long_study_tier_3_is_the_revised_preset_and_its_critic_lambda_alone():
 
 
 def test_long_study_tier_4_changes_one_option_of_the_preset_at_each_point():
-    """Tier 4's two levers, each the preset with one option changed: mu 3 (the preset's is 1) and 48 steps (40)."""
+    """Tier 4's two levers, each the preset of its time (mu 1) with one option changed: mu 3 and 48 steps (40);
+    --preset long is now exactly tier 4's pick, the mu-3 point."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import long_study
     import vapo
 
     def cfg(extra):
         return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
-    preset = cfg([])
+    preset = cfg(["--mu", "1.0"])
+    assert cfg(long_study.TIER4[long_study.PRESET_NOW]) == cfg([])
     changes = {}
     for name, extra in long_study.TIER4.items():
         point = cfg(extra)
