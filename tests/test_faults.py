@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -341,16 +342,18 @@ FAULT_POINTS = ["checkpoint:policy-written", "checkpoint:state-written", "checkp
 def test_kill_at_20_moments_and_resume_each(tiny_model_dir, tmp_path):
     """SIGKILL a 4-step run at 20 moments: 5 fault points inside checkpoint writes and logging, 15 seeded random
     times; resume each (rerun it if it died before writing its config). All must finish with RL steps 1..4,
-    evaluations at 0, 2 and 4 and value-pretraining steps 1..2, each logged exactly once."""
+    evaluations at 0, 2 and 4 and value-pretraining steps 1..2, each logged exactly once. The trials are
+    independent runs in folders of their own, two at a time (one torch thread each), as on a 2-core machine."""
     extra = ["--steps", "4", "--eval-every", "2", "--save-every", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.time()
-    subprocess.run(cli(tiny_model_dir, tmp_path / "reference", *extra), check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(cli(tiny_model_dir, tmp_path / "reference", *extra), env=env, check=True, capture_output=True,
+                   cwd=ROOT)
     full = time.time() - t0
     rng = random.Random(2026)
     trials = [("point", p) for p in FAULT_POINTS] + [("time", rng.uniform(0.5, full)) for _ in range(15)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    finished = []
-    for i, (kind, where) in enumerate(trials):
+
+    def trial(i, kind, where):
         out = tmp_path / f"trial{i}"
         cmd = cli(tiny_model_dir, out, *extra)
         if kind == "point":
@@ -371,5 +374,7 @@ def test_kill_at_20_moments_and_resume_each(tiny_model_dir, tmp_path):
         assert [r["step"] for r in recs if "eval/acc_greedy" in r] == [0, 2, 4], (kind, where)
         assert [r["value_pretrain_step"] for r in recs if "value_pretrain_step" in r] == [1, 2], (kind, where)
         assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 4
-        finished.append((kind, where))
+        return kind, where
+    with ThreadPoolExecutor(2) as pool:  # a failed trial's assertion is raised again here, by its result
+        finished = list(pool.map(lambda t: trial(t[0], *t[1]), enumerate(trials)))
     assert len(finished) == 20
