@@ -1,6 +1,6 @@
-"""The demo learns: `python vapo.py` (no arguments, the demo preset, from the shipped base model) run as a user
-runs it, then its held-out accuracy compared with the base model's. Slow: about 3.5 minutes on 2 idle CPU
-cores (docs/demo.md); CI runs it. bench/demo_seeds.py measures the same over several seeds and base models."""
+"""The demo learns: `python vapo.py` (the demo preset, from the shipped base model) run as a user runs it, for its
+first 20 RL steps, then its held-out accuracy compared with the base model's. Slow (minutes); CI runs it.
+bench/demo_seeds.py measures the whole run over several seeds and base models."""
 import json
 import os
 import subprocess
@@ -19,10 +19,13 @@ LENGTH_MIN_RATIO = 0.8  # the mean response length may not fall below this share
 
 @pytest.mark.slow
 def test_demo_learns(tmp_path):
+    """The demo as users run it (`python vapo.py`, all cores), its first 20 RL steps of 60: the base model's
+    borrow habit is mostly gone by then (docs/demo.md's curves: training accuracy about 0.3 -> 0.8), so the gain
+    must already clear the bar; the whole run's figures over 10 seeds are bench/demo_seeds.py's."""
     run_dir = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the demo as users run it: all cores
-    proc = subprocess.run([sys.executable, "vapo.py", "--output-dir", str(run_dir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=2400)
+    proc = subprocess.run([sys.executable, "vapo.py", "--steps", "20", "--eval-every", "20", "--output-dir",
+                           str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(run_dir / "metrics.jsonl") as fh:
         evals = [r for r in map(json.loads, fh) if "eval/acc_greedy" in r]
