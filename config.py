@@ -152,7 +152,7 @@ PRESETS: dict[str, dict] = {
     # 24% of greedy steps, greedy 58% -> 32%); at 1.5e-5 with mini-batches of 4 (the paper's 16 optimizer steps a
     # rollout) the habit falls from 27% to 10% of borrow steps and misreads stay within a point of the base's;
     # mu = 3 (thirty times the paper's positive-example NLL, which imitates the correct samples, whose every lookup
-    # is right): on validation mu 0 -> 1 -> 3 moved greedy 56.0 -> 60.0 (AMD, 3 seeds; 57.6 on Intel, 2) -> 59.8
+    # is right): on validation mu 0.1 -> 1 -> 3 moved greedy 56.0 -> 60.0 (AMD, 3 seeds; 57.6 on Intel, 2) -> 59.8
     # (Intel, 2 seeds), and 48 steps in place of 40 did not help (the study's tiers 2-4).
     # Evaluations at the start and the end only, on 1,100 held-out prompts greedy (standard error <= 1.5 points)
     # and avg@2 on the first 550. Sized for 20 minutes on one core.

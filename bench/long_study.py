@@ -33,9 +33,9 @@ the points whose validation misread rate is at most the base model's plus 2 poin
   lambda-0.95 targets) put 2.4x its share of the advantage on the first wrong token, VAPO's (Monte-Carlo
   targets) 1.1x.
 - tier 4, the two levers left for greedy accuracy, around the revised preset, one at a time, fixed before its
-  runs: mu 3 (the positive-example NLL three times the preset's: on the validation split mu 0 -> 1 moved the
-  share of greedy responses whose first error is a misread from about 41% to 36%, and greedy only moves where
-  lookups do), and 48 RL steps in place of 40 (a fifth more samples: the preset's held-out runs took 16-17 of
+  runs: mu 3 (the positive-example NLL three times the preset's: on the validation split, at mu 1 the
+  share of greedy responses whose first error is a misread was about 36% against the base's 41%, and greedy only
+  moves where lookups do), and 48 RL steps in place of 40 (a fifth more samples: the preset's held-out runs took 16-17 of
   their 20 minutes, and their training accuracy was still rising at step 40).
 """
 from __future__ import annotations
