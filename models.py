@@ -212,12 +212,12 @@ def pick_device(name: str) -> torch.device:
 
 def load_models(cfg, device: torch.device, name: str | None = None):
     """(policy, critic, tokenizer) of a run (a vapo.Config), in float32 on device: the policy from name (default
-    cfg.model; for a built-in name the caller passes its folder, task.shipped_model(name)), the critic from
+    cfg.model; for a built-in name the caller passes its folder, builds.shipped_model(name)), the critic from
     --value-model or else from the policy's weights with a zero head; critic None with --group-advantage (GRPO and
     DAPO have none: nothing is built). A model that cannot be found is one message (SystemExit), not a traceback."""
     name = name or cfg.model
     if name.startswith("builtin"):
-        raise ValueError(f"load_models: pass the built-in model's folder as name (task.shipped_model({name!r}))")
+        raise ValueError(f"load_models: pass the built-in model's folder as name (builds.shipped_model({name!r}))")
     with found_or_exit("--model", cfg.model):
         policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
                                         gradient_checkpointing=cfg.gradient_checkpointing)

@@ -33,13 +33,13 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from builds import BUILTIN_MODELS, shipped_model
 from checkpoints import fault_point, load_checkpoint, save_checkpoint, save_pretrained_atomic, write_atomically
 from data import check_gold_answers, load_data
+from engines import VLLM_PROMPT_TOKENS, check_vllm_device, vllm_max_model_len
 from models import found_or_exit, load_models, load_tokenizer, pick_device, safetensors_files
 from plots import plot_metrics
-from rollout import VLLM_PROMPT_TOKENS, check_vllm_device, vllm_max_model_len
 from reward import Verifier, arith_reward, math_reward
-from task import BUILTIN_MODELS, shipped_model
 from views import TokenViews
 
 log = logging.getLogger("vapo")
@@ -181,7 +181,7 @@ def load_inputs(cfg, resume: bool, overwrite: bool, parallel: SingleProcess) -> 
 
 def check_prompt_room(rows: list[dict], held_out: list[dict], tokenizer, max_model_len: int, max_new_tokens: int):
     """--engine vllm: every prompt fits beside the longest response in the engine's max_model_len
-    (rollout.vllm_max_model_len), or SystemExit naming the first row that does not, its length and how many more
+    (engines.vllm_max_model_len), or SystemExit naming the first row that does not, its length and how many more
     there are. vLLM would otherwise refuse it mid-run, or stop its responses before max_new_tokens."""
     room = max_model_len - max_new_tokens
     lengths = [(what, [len(ids) for ids in tokenizer([r["prompt"] for r in part])["input_ids"]] if part else [])

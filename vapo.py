@@ -25,7 +25,7 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
 | 4 | Clip-Higher (3.3)               | `losses.policy_loss`: ratio clipped to [1 - eps_low, 1 + eps_high]          |
 | 5 | Token-level loss (3.3)          | `losses.aggregate(..., "token-mean")`: 1 / (sum of lengths) over the batch  |
 | 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `micro_batch_losses`       |
-| 7 | Group-Sampling (3.4)            | `rollout.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
+| 7 | Group-Sampling (3.4)            | `engines.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
 
 Each technique is one boolean in `Config` (e.g. `--no-clip-higher`) and one `if` where it acts, so the paper's
 ablations run on the same code. The paper's baselines are named sets of the same switches (`--algo`,
@@ -43,12 +43,13 @@ Where we differ from the paper, on purpose:
    alpha = 0.5 instead of 0.05 (alpha * length is the policy's effective horizon; 0.05 is meant for thousands
    of tokens and gives lambda_policy = 0 for the demo's lengths). `--preset paper` has the paper's values.
 4. The critic is initialised from the policy (or `--value-model`), with a zero head, not from a reward model;
-   `--preset long` starts it from the paper's choice, an outcome reward model (task.py builds and ships it).
+   `--preset long` starts it from the paper's choice, an outcome reward model (builds.py builds and ships it).
 5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy,
    each with its standard error over prompts (`--preset long`: top-p 1.0, avg@2 on 550 of 1,100 prompts).
 
 Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, signals, when to
-evaluate and save), checkpoints.py, views.py (the teaching views' record), rollout.py, reward.py, gae.py, losses.py,
+evaluate and save), checkpoints.py, views.py (the teaching views' record), rollout.py (the Rollout batch and its
+scoring), sampler.py (the HF sampling loop), engines.py (the HF and vLLM engines), reward.py, gae.py, losses.py,
 models.py, data.py, task.py.
 """
 from __future__ import annotations
@@ -65,12 +66,12 @@ import torch
 
 import config
 from data import prompt_batch
+from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
 from reward import Verifier, overlong_penalty, truncation_rule
-from rollout import (Rollout, by_length, engine_asleep, make_engine, response_logprobs, response_values, score_rollout,
-                     sync_engine)
+from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 from run import Progress, Run, SingleProcess, load_inputs
 
 log = logging.getLogger("vapo")
@@ -301,12 +302,13 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     rewards = scores.float()  # [B], the verifier's
     if cfg.overlong_shaping:
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)
-    with timed(stats, "score"):
+    device = rollout.response_mask.device
+    with timed(stats, "score", device):
         scored = score(policy, critic, engine, rollout, cfg, stats, reference)  # 3. no grad
-    with timed(stats, "advantages"):
+    with timed(stats, "advantages", device):
         values = scored.get("values")  # [B, T], or None without a critic
         advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
-    with timed(stats, "update"):
+    with timed(stats, "update", device):
         batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0}
         if reference is not None:
             batch["ref_logprobs"] = scored["ref_logprobs"]
@@ -350,10 +352,19 @@ def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[d
 
 
 @contextmanager
-def timed(stats: dict, phase: str):
-    """Adds the seconds the block takes to stats["time/<phase>"]."""
+def timed(stats: dict, phase: str, device: torch.device | None = None):
+    """Adds the seconds the block takes to stats["time/<phase>"]. device: where the phase's work runs; on a CUDA
+    device the queued kernels are waited for before and after the block (torch.cuda.synchronize), so that each
+    phase is charged with its own GPU work, not the previous phase's, nor leaves its own to the next (the phases
+    end in .item() calls that wait for most of it anyway, so a run loses next to nothing). On a CPU, or with no
+    device, nothing is waited for and nothing changes."""
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     t = time.perf_counter()
     yield
+    if cuda:
+        torch.cuda.synchronize(device)
     stats[f"time/{phase}"] = stats.get(f"time/{phase}", 0.0) + time.perf_counter() - t
 
 
@@ -408,9 +419,9 @@ def sample_round(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> t
     """One round of phases 1-2: G samples of each prompt, and their rewards. Returns (rollout, scores [B], stats):
     the timings and the verifier's reward/timeouts, reward/errors and reward/oversized counts."""
     stats: dict = {}  # the verifier's timeouts, failures and oversized responses: counted in the step's record
-    with timed(stats, "rollout"), autocast(cfg, engine.device):
+    with timed(stats, "rollout", engine.device), autocast(cfg, engine.device):
         rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
-    with timed(stats, "reward"):
+    with timed(stats, "reward", engine.device):
         scores = verify(rollout, rows, cfg, verifier, stats)  # 2. reward
     return rollout, scores, stats
 

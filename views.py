@@ -17,10 +17,11 @@ import torch
 
 from checkpoints import write_atomically
 from config import stream
+from engines import engine_asleep
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from plots import pick_probes, plot_tokens, read_tokens
 from reward import truncation_rule
-from rollout import engine_asleep, score_rollout
+from rollout import rollout_from_tokens, score_rollout
 from task import first_error
 
 log = logging.getLogger("vapo")
@@ -54,7 +55,6 @@ class TokenViews:
 
     def _probes(self, engine, held_out, verifier):
         """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
-        from rollout import rollout_from_tokens
         tokenizer = self.run.tokenizer
         if os.path.exists(self.probes_path):
             with open(self.probes_path) as fh:

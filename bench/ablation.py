@@ -37,26 +37,26 @@ docs/ablation.md has its table and what it shows, docs/ablation-long.md the long
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import critic_bias  # noqa: E402  (same folder: the critic's bias, explained variance and credit by position)
-import demo_seeds  # noqa: E402  (same folder: runs, reads and summarises vapo.py runs)
-from config import PRESETS  # noqa: E402  (demo_seeds put the repository on the path)
+import torch
+
+import common  # (puts the repository on the path)
+import plots
+import task
+from common import POLICY_PROBLEMS, SWEEPS, judge_policy
+from config import PRESETS
+from models import load_value_model
+from rollout import score_rollout
 
 ALGORITHMS = ("PPO", "GRPO", "DAPO", "VAPO")
 FIRST_TIER = ALGORITHMS + ("w/o Value-Pretraining", "w/o Decoupled-GAE")  # the paper's main claims, run first
-# Per preset: the RL steps of a row without dynamic sampling (its budget is steps x the preset's batch), how many
-# evaluations along the budget, the held-out sampling, and the algorithms' extra seeds.
-SWEEPS = {"demo": dict(steps=24, evaluations=4, eval_prompts=100, eval_samples=2, algorithm_seeds=[]),
-          "long": dict(steps=40, evaluations=2, eval_prompts=None, eval_samples=None, algorithm_seeds=[3, 4])}
+# SWEEPS (common.py): per preset, the RL steps of a row without dynamic sampling, the evaluations along the
+# budget, the held-out sampling and the algorithms' extra seeds
 # (row, the paper's AIME 2024 avg@32 for it, vapo.py options)
 ROWS = [
     ("PPO", 5, ["--algo", "ppo"]),
@@ -82,10 +82,11 @@ def slug(row: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in row.lower()).strip("-")
 
 
-def row_args(row: str, options: list[str], seed: int, out: str, common: list[str]) -> list[str]:
+def row_args(row: str, options: list[str], seed: int, out: str, sweep_args: list[str]) -> list[str]:
     """The vapo.py options of one run: the seed, its folder, the sweep's common options (the preset first), the
     row's own switches, and for the rows that share it VAPO's pretrained critic of the same seed."""
-    args = ["--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"), *common, *options]
+    args = ["--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"), *sweep_args,
+            *options]
     if row in SHARES_CRITIC:
         args += ["--value-model", os.path.join(out, f"vapo-s{seed}", "critic_pretrained"), "--no-value-pretraining"]
     return args
@@ -94,16 +95,16 @@ def row_args(row: str, options: list[str], seed: int, out: str, common: list[str
 def run_row(job) -> float | None:
     """Run one (row, seed) unless it has finished (then None, else its wall seconds); a row that shares VAPO's
     critic waits for it first."""
-    row, options, seed, out, common = job
-    args = row_args(row, options, seed, out, common)
+    row, options, seed, out, sweep_args = job
+    args = row_args(row, options, seed, out, sweep_args)
     run_dir = args[args.index("--output-dir") + 1]
     if row in SHARES_CRITIC:  # wait for VAPO's run of this seed to have pretrained the critic (or to have ended)
         vapo_dir = os.path.join(out, f"vapo-s{seed}")
         while not (os.path.exists(os.path.join(vapo_dir, "critic_pretrained", "config.json"))
                    or os.path.exists(os.path.join(vapo_dir, "wall_seconds"))):
             time.sleep(5)
-    wall = demo_seeds.run_vapo(f"{row} seed {seed}", args, run_dir)
-    if demo_seeds.finished(run_dir):  # the previous checkpoint is only for a resume: 24 MB a run at --preset long
+    wall = common.run_vapo(f"{row} seed {seed}", args, run_dir)
+    if common.finished(run_dir):  # the previous checkpoint is only for a resume: 24 MB a run at --preset long
         shutil.rmtree(os.path.join(run_dir, "checkpoint.prev"), ignore_errors=True)
     return wall
 
@@ -120,19 +121,13 @@ def jobs_in_order(chosen: list[str], seeds: list[int], algorithm_seeds: list[int
     return out
 
 
-def read_records(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def curve(run_dir: str) -> list[tuple[int, float, float]]:
     """(generated samples, held-out avg@k, held-out greedy) at each evaluation of a run."""
     points, generated = [], 0
-    for r in read_records(run_dir):
+    for r in common.read_records(run_dir):
         generated += r.get("samples_generated", 0)
         if "eval/acc_greedy" in r:
-            k = next(key for key in r if key.startswith("eval/acc_avg@") and not key.endswith("_se"))
-            points.append((generated, r[k], r["eval/acc_greedy"]))
+            points.append((generated, r[f"eval/acc_{common.sampled_measure(r)}"], r["eval/acc_greedy"]))
     return points
 
 
@@ -145,25 +140,20 @@ def long_band(record: dict, measure: str) -> float | None:
 
 
 def run_figures(run_dir: str) -> dict:
-    """What one finished run shows, beyond demo_seeds.summarise_run: its means over RL steps (and over the first
+    """What one finished run shows, beyond common.summarise_run: its means over RL steps (and over the first
     and the last five) of what the techniques act on, its held-out accuracy by band (base and final), its curves
     against generated samples (held-out accuracy and length, and the wall time, at each evaluation)."""
-    records = read_records(run_dir)
-    steps = [r for r in records if "train_acc" in r and "step" in r]
-    evals = [r for r in records if "eval/acc_greedy" in r]
+    records = common.read_records(run_dir)
+    steps, evals = common.rl_steps(records), common.evaluations(records)
+    mean = common.mean_of
 
-    def mean(key, rows):
-        xs = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
-        return statistics.mean(xs) if xs else None
-
-    out = {k: mean(k, steps) for k in ("explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
+    out = {k: mean(steps, k) for k in ("explained_variance", "ev_first_tenth", "ev_rest", "advantage_first_tenth",
                                        "advantage_rest", "lam_policy", "clip_frac", "clip_frac_low",
                                        "clip_frac_high", "approx_kl", "entropy", "response_len", "train_acc",
                                        "groups_all_same")}
     for k in ("entropy", "response_len", "train_acc", "explained_variance"):
-        out[f"{k}_first5"], out[f"{k}_last5"] = mean(k, steps[:5]), mean(k, steps[-5:])
-    k = next(key for key in evals[0] if key.startswith("eval/acc_avg@") and not key.endswith("_se"))
-    k = k.removeprefix("eval/acc_")
+        out[f"{k}_first5"], out[f"{k}_last5"] = mean(steps[:5], k), mean(steps[-5:], k)
+    k = common.sampled_measure(evals[0])
     bands = sorted({key.rsplit("_", 1)[1] for key in evals[0] if key.startswith(f"eval/acc_{k}_steps_")},
                    key=lambda b: int(b.split("-")[0]))
     out["bands"] = {b: {m: (evals[0][f"eval/acc_{m}_steps_{b}"], evals[-1][f"eval/acc_{m}_steps_{b}"])
@@ -189,57 +179,25 @@ def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
     its policy's step errors on `problems` held-out problems (judge_policy)}."""
     cache = os.path.join(run_dir, "diagnostics.json")
     if os.path.exists(cache):
-        with open(cache) as fh:
-            return json.load(fh)
-    with open(os.path.join(run_dir, "config.json")) as fh:
-        cfg = json.load(fh)
+        return common.read_json(cache)
+    cfg = common.read_json(os.path.join(run_dir, "config.json"))
     critic = os.path.join(run_dir, "checkpoint", "critic")
     has_critic = os.path.exists(os.path.join(critic, "config.json"))
     figures = {"critic": judge_critic(critic, responses, cfg) if has_critic else None,
                "policy": judge_policy(os.path.join(run_dir, "checkpoint", "policy"), problems or POLICY_PROBLEMS)}
-    with open(cache, "w") as fh:
-        json.dump(figures, fh, indent=1)
+    common.write_json(cache, figures)
     return figures
 
 
-POLICY_PROBLEMS = 200  # held-out long-chain problems of judge_policy (five per step count)
-
-
-def judge_policy(folder: str, problems: int = POLICY_PROBLEMS) -> dict:
-    """The policy in folder on the first `problems` held-out long-chain problems (the runs' own held-out rows),
-    greedy and one sample each at temperature 1 (task.evaluate_accuracy): accuracy, and per step written the
-    rates of the habit (per borrow step), of misread terms (lookups, per step), of other step errors, the share
-    of responses that guess at once (the shortcut), and the share whose first error is a misread or the habit
-    (task.first_error_kind: one kind a response)."""
-    import torch
-    import task
-    from models import load_policy
-    model, tokenizer = load_policy(folder, dtype=torch.float32)
-    rows = task.make_dataset(problems, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
-    torch.manual_seed(0)
-    out = {}
-    for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-        acc = task.evaluate_accuracy(model, tokenizer, rows, temperature, max_new_tokens=task.LONG.max_response_tokens,
-                                     batch_size=min(problems, 100))
-        out[name] = {"accuracy": acc["accuracy"], "habit_rate": acc["steps"]["habit_rate"],
-                     "lookup_rate": acc["steps"]["lookup_rate"], "other_error_rate": acc["steps"]["other_error_rate"],
-                     "shortcut_rate": acc["shortcut_rate"], "first_misread": acc["first_errors"]["misread"],
-                     "first_habit": acc["first_errors"]["habit"]}
-    return out
-
-
 def judge_critic(folder: str, responses, cfg: dict) -> dict:
-    """bench/critic_bias.bias_table of the critic in folder on `responses` (critic_bias.sample_set's), with the
-    figures under the run's lambda (cfg: a run's config.json) picked out."""
-    import torch
-    from models import load_value_model
-    from rollout import score_rollout
+    """common.bias_table of the critic in folder on `responses` (common.sample_set's), with the figures under the
+    run's lambda (cfg: a run's config.json) picked out."""
     _, rollout, rewards, decisive = responses
     critic = load_value_model(folder, dtype=torch.float32)
     values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
     lam = "adaptive" if cfg.get("length_adaptive", True) else str(cfg.get("lam_policy_fixed", 0.95))
-    table = critic_bias.bias_table(values, rewards, rollout.response_mask, cfg.get("alpha", 0.5), decisive,
-                                   lam_fixed=cfg.get("lam_policy_fixed", 0.95))
+    table = common.bias_table(values, rewards, rollout.response_mask, cfg.get("alpha", 0.5), decisive,
+                              lam_fixed=cfg.get("lam_policy_fixed", 0.95))
     return {"lambda": lam, "explained_variance": table["explained_variance"],
             "ev_by_fifth": [c["explained_variance"] for c in table["by_fifth"]],
             "bias_by_fifth": [c["bias"] for c in table["by_fifth"]],
@@ -250,17 +208,12 @@ def judge_critic(folder: str, responses, cfg: dict) -> dict:
 
 def summarise(row: str, paper: float, run_dirs: list[str], responses=None, problems: int | None = None) -> dict:
     """A row over its seeds: the means and spreads of the table, the diagnostics, and every seed's figures."""
-    runs = [(d, demo_seeds.summarise_run(d)) for d in run_dirs]
+    runs = [(d, common.summarise_run(d)) for d in run_dirs]
     done = [(d, s) for d, s in runs if s is not None]
     out = {"row": row, "paper_aime24": paper, "seeds": len(done)}
     if not done:
         return out
-
-    def spread(vals):
-        vals = [v for v in vals if v is not None]
-        if not vals:
-            return None
-        return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    spread = common.mean_sd  # (mean, SD) over seeds
 
     def auc(d, column=2):  # mean held-out accuracy over the sample budget (trapezoids), 0..1: greedy, or avg@k (1)
         pts = [(p[0], p[column]) for p in curve(d)]
@@ -459,8 +412,6 @@ def views_side_by_side(folder: str, seed: int, out: str) -> str | None:
     seed, side by side (plots.compare_figure), the decisive tokens (task.borrow_digits) marked; each run with its
     own advantage. The runs share their probes: sampled from the same base model with the seed's probe seed.
     None (nothing drawn) unless all three runs have their views."""
-    import plots
-    import task
     columns = []
     for row, adv in VIEWS:
         records = plots.read_tokens(os.path.join(folder, f"{slug(row)}-s{seed}"))
@@ -533,34 +484,34 @@ def main():
     if unknown:
         raise SystemExit(f"--rows: unknown {sorted(unknown)}; the rows are {[r for r, _, _ in ROWS]}")
     if args.base != "shipped" and args.preset != "demo":
-        raise SystemExit("--base: the demo's base models only; --preset long starts from its own (task.py)")
+        raise SystemExit("--base: the demo's base models only; --preset long starts from its own (builds.py)")
     sweep = SWEEPS[args.preset]
-    args.out = args.out or os.path.join(demo_seeds.ROOT, "runs", "ablation" if args.preset == "demo" else
+    args.out = args.out or os.path.join(common.ROOT, "runs", "ablation" if args.preset == "demo" else
                                         f"ablation-{args.preset}")
     steps = args.steps or sweep["steps"]
     algorithm_seeds = sweep["algorithm_seeds"] if args.algorithm_seeds is None else args.algorithm_seeds
     per_step = PRESETS[args.preset]["prompts_per_step"] * PRESETS[args.preset]["samples_per_prompt"]
-    common = ["--preset", args.preset]
+    sweep_args = ["--preset", args.preset]
     if args.quick:
         args.seeds, algorithm_seeds, steps, per_step = [0], [], 2, 2 * 4
         held_out = "4" if args.preset == "demo" else "40"  # long: one prompt of each step count, every band
-        common += ["--eval-every-samples", "8", "--eval-prompts", held_out, "--eval-samples", "1",
-                   "--value-pretrain-steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "4",
-                   "--mini-batch-size", "8", "--micro-batch-size", "8", "--dynamic-sampling-rounds", "1",
-                   "--max-new-tokens", "32" if args.preset == "demo" else "48", "--eval-batch-size", held_out]
+        sweep_args += ["--eval-every-samples", "8", "--eval-prompts", held_out, "--eval-samples", "1",
+                       "--value-pretrain-steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "4",
+                       "--mini-batch-size", "8", "--micro-batch-size", "8", "--dynamic-sampling-rounds", "1",
+                       "--max-new-tokens", "32" if args.preset == "demo" else "48", "--eval-batch-size", held_out]
     else:
-        common += ["--eval-every-samples", str(steps * per_step // sweep["evaluations"])]
-        common += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []
-        common += ["--eval-samples", str(sweep["eval_samples"])] if sweep["eval_samples"] else []
+        sweep_args += ["--eval-every-samples", str(steps * per_step // sweep["evaluations"])]
+        sweep_args += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []
+        sweep_args += ["--eval-samples", str(sweep["eval_samples"])] if sweep["eval_samples"] else []
     budget = steps * per_step
-    common += ["--steps", str(steps), "--max-samples", str(budget)]
-    common += ["--save-every", "0"] if args.preset == "demo" else []  # long: the preset's, so a kill loses little
-    base = demo_seeds.resolve_base(args.base)
-    demo_seeds.build_missing({args.base: base}, 1)
+    sweep_args += ["--steps", str(steps), "--max-samples", str(budget)]
+    sweep_args += ["--save-every", "0"] if args.preset == "demo" else []  # long: the preset's, so a kill loses little
+    base = common.resolve_base(args.base)
+    common.build_missing({args.base: base}, 1)
     if args.base != "shipped":
-        common += ["--model", base]
-    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    print(f"machine: {demo_seeds.machine()}\ndate: {started}\npreset: {args.preset}; base model: {args.base}\n"
+        sweep_args += ["--model", base]
+    started, machine = common.now(), common.machine()
+    print(f"machine: {machine}\ndate: {started}\npreset: {args.preset}; base model: {args.base}\n"
           f"budget: {budget} generated samples per run", flush=True)
     chosen = [(r, p, o) for r, p, o in ROWS if r in args.rows]
     if any(r in SHARES_CRITIC for r, _, _ in chosen) and "VAPO" not in args.rows:
@@ -572,14 +523,14 @@ def main():
     walls = []
     if not args.report:
         with ThreadPoolExecutor(args.jobs) as pool:
-            walls = list(pool.map(run_row, [(r, options[r], s, args.out, common) for r, s in order]))
+            walls = list(pool.map(run_row, [(r, options[r], s, args.out, sweep_args) for r, s in order]))
     ran = [w for w in walls if w is not None]
     responses, start, base_policy = None, None, None
     if args.preset == "long":  # every critic judged on the same responses of the base model
-        responses = critic_bias.sample_set("builtin-long", prompts=4 if args.quick else 32, samples=8)
-        base_policy = judge_policy(critic_bias.folder_of("builtin-long"), 8 if args.quick else POLICY_PROBLEMS)
+        responses = common.sample_set("builtin-long", prompts=4 if args.quick else 32, samples=8)
+        base_policy = judge_policy(common.folder_of("builtin-long"), 8 if args.quick else POLICY_PROBLEMS)
         start = {"reward model (PPO's and w/o Value-Pretraining's start)": judge_critic(
-            critic_bias.folder_of("builtin-long-rm"), responses, {})}
+            common.folder_of("builtin-long-rm"), responses, {})}
         for s in args.seeds:
             folder = os.path.join(args.out, f"vapo-s{s}", "critic_pretrained")
             if os.path.exists(os.path.join(folder, "config.json")):
@@ -587,21 +538,21 @@ def main():
         mask = responses[1].response_mask
         start_note = (f"{responses[1].B} responses of the base model (8 per held-out problem), "
                       f"{100 * float(responses[3].sum() / mask.sum()):.1f}% of their tokens decisive; GRPO's group "
-                      f"advantage puts a credit of {critic_bias.group_credit(responses[2], mask, responses[3], 8):.2f} "
+                      f"advantage puts a credit of {common.group_credit(responses[2], mask, responses[3], 8):.2f} "
                       f"on them")
     seeds_of = {r: sorted({s for rr, s in order if rr == r}) for r, _, _ in chosen}
     if args.report:
-        done = {r: sum(demo_seeds.finished(os.path.join(args.out, f"{slug(r)}-s{s}")) for s in ss)
+        done = {r: sum(common.finished(os.path.join(args.out, f"{slug(r)}-s{s}")) for s in ss)
                 for r, ss in seeds_of.items()}
         print("finished runs: " + ", ".join(f"{r} {done[r]} of {len(seeds_of[r])}" for r in done), flush=True)
     rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses,
                       8 if args.quick else POLICY_PROBLEMS) for r, p, _ in chosen]
     os.makedirs(args.out, exist_ok=True)
-    trl = [run_figures(d) for d in args.trl if demo_seeds.finished(d)]
+    trl = [run_figures(d) for d in args.trl if common.finished(d)]
     plot(rows, os.path.join(args.out, "ablation.png"), {"TRL GRPOTrainer": trl})
     views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png")) if (
         args.preset == "long") else None
-    report = (f"machine: {demo_seeds.machine()}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
+    report = (f"machine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
               f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier"
               f"{' (--report: the runs finished in the folder, nothing run)' if args.report else ''}\n"
               f"preset: {args.preset}; base model: {args.base}\n"
@@ -620,11 +571,10 @@ def main():
     print("\n" + report)
     with open(os.path.join(args.out, "ablation.md"), "w") as fh:
         fh.write(report)
-    with open(os.path.join(args.out, "ablation.json"), "w") as fh:
-        json.dump({"machine": demo_seeds.machine(), "date": started, "preset": args.preset, "base": args.base,
-                   "seeds": seeds_of, "budget": budget, "vapo_options": common, "critics_at_start": start,
-                   "base_policy": base_policy, "trl": trl,
-                   "rows": rows}, fh, indent=1)
+    common.write_json(os.path.join(args.out, "ablation.json"), {
+        "machine": machine, "date": started, "preset": args.preset, "base": args.base, "seeds": seeds_of,
+        "budget": budget, "vapo_options": sweep_args, "critics_at_start": start, "base_policy": base_policy,
+        "trl": trl, "rows": rows})
     missing = [r["row"] for r in rows if r.get("seeds", 0) < len(seeds_of[r["row"]])]
     if missing and not args.report:
         raise SystemExit(f"rows that did not finish every seed: {missing} (see their stdout.log)")

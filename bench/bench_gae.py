@@ -9,17 +9,12 @@ repeats, and the ratio is what to compare across machines. It also checks that b
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
-import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gae import gae, length_adaptive_lambda  # noqa: E402
+import common  # (puts the repository on the path)
+from gae import gae, length_adaptive_lambda
 
 
 def loop_gae(rewards, values, mask, gamma, lam):
@@ -37,12 +32,7 @@ def loop_gae(rewards, values, mask, gamma, lam):
 
 
 def median_seconds(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(common.clocked(fn)[1] for _ in range(repeats))
 
 
 def main():
@@ -70,9 +60,8 @@ def main():
     t_ours = median_seconds(lambda: gae(rewards, values, mask, gamma=1.0, lam=lam), args.repeats)
     t_loop = median_seconds(lambda: loop_gae(rewards, values, mask, 1.0, lam), args.repeats)
 
-    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"date: {datetime.date.today().isoformat()}")
+    print(f"machine: {common.machine()}, {torch.get_num_threads()} threads")
+    print(f"date: {common.now()}")
     print(f"shape: B = {args.batch}, T = {T}, mean length {lengths.float().mean():.0f}, "
           f"{int(mask.sum()):,} real tokens, per-sample lambda in [{lam.min():.3f}, {lam.max():.3f}]")
     print(f"max |advantage difference| between the two: {max_diff:.2e}")

@@ -13,18 +13,15 @@ the same gradient.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
-import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import task  # noqa: E402
-from rollout import HFEngine, by_length, response_logprobs  # noqa: E402
+import common  # (puts the repository on the path)
+import builds
+import task
+from engines import HFEngine
+from rollout import by_length, response_logprobs
 
 
 def forward_backward(model, rollout, order, micro):
@@ -44,7 +41,7 @@ def main():
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = task.ensure_base_model()
+    path = builds.ensure_base_model()
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
     problems = task.make_dataset(16, seed=args.seed, split="train")
     rollout = HFEngine(model, tokenizer, max_new_tokens=task.MAX_RESPONSE_TOKENS).generate(
@@ -58,13 +55,10 @@ def main():
     times = {name: [] for name in variants}
     for _ in range(args.repeats):  # interleaved, so that a burst of load on a shared machine hits all three
         for name, (order, micro) in variants.items():
-            start = time.perf_counter()
-            forward_backward(model, rollout, order, micro)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(common.clocked(lambda: forward_backward(model, rollout, order, micro))[1])
 
-    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"date: {datetime.date.today().isoformat()}")
+    print(f"machine: {common.machine()}, {torch.get_num_threads()} threads")
+    print(f"date: {common.now()}")
     print(f"rollout: B = {rollout.B}, prompt width {rollout.P}, response width {rollout.T}, "
           f"mean prompt {rollout.prompt_mask.sum(1).float().mean():.0f} and response "
           f"{rollout.lengths.float().mean():.0f} tokens")

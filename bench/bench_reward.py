@@ -10,17 +10,10 @@ including a verifier stuck beyond the reach of signals, which only the hard boun
 from __future__ import annotations
 
 import argparse
-import datetime
 import logging
 import os
-import platform
 import random
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import reward  # noqa: E402
 
 FILLER = ("We expand the expression and collect like terms. Substituting the values gives the next line, "
           "and checking the boundary cases shows that no other solution exists. ")
@@ -62,45 +55,43 @@ def stuck_verifier(response: str, gold: str) -> float:
     return 0.0
 
 
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2000, help="samples in the throughput batch")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     args = parser.parse_args()
+    # here, not at the top: the pool's workers (spawn) import this script again, so what it imports at the top is
+    # part of the start-up measured below (common brings torch and transformers; each worker imports reward)
+    import common  # (puts the repository on the path)
+    import reward
+    timed = common.clocked
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
-          f"{cpus} CPUs available (os.cpu_count() = {os.cpu_count()}), Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f}, {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"machine: {common.machine()}, {cpus} CPUs available, load average {os.getloadavg()[0]:.2f}\n"
+          f"date: {common.now()}")
 
     responses, golds, right = typical_batch(args.n)
-    _, startup = timed(reward.score_batch, responses[:args.workers], golds[:args.workers],
-                       num_workers=args.workers)
+    _, startup = timed(lambda: reward.score_batch(responses[:args.workers], golds[:args.workers],
+                       num_workers=args.workers))
     print(f"pool start-up ({args.workers} workers, first call of {args.workers} items): {startup:.2f} s")
 
-    scores, pooled = timed(reward.score_batch, responses, golds, num_workers=args.workers)
+    scores, pooled = timed(lambda: reward.score_batch(responses, golds, num_workers=args.workers))
     agree = sum((s == reward.CORRECT_REWARD) == r for s, r in zip(scores, right))
     print(f"math_reward, pool of {args.workers}: {args.n} samples in {pooled:.2f} s = {args.n / pooled:.0f} "
           f"samples/s ({agree}/{args.n} scores as constructed)")
 
     k = min(args.n, 500)
-    local, in_process = timed(reward.score_batch, responses[:k], golds[:k], num_workers=0)
+    local, in_process = timed(lambda: reward.score_batch(responses[:k], golds[:k], num_workers=0))
     assert local == scores[:k], "in-process and pooled scores differ"
     print(f"math_reward, in process (1 core, no bound): {k} samples in {in_process:.2f} s = "
           f"{k / in_process:.0f} samples/s")
 
     arith_responses = [f"1+2=3 3*4=12\nAnswer: {i % 97 - 40}" for i in range(args.n)]
     arith_golds = [str(i % 89 - 40) for i in range(args.n)]
-    _, arith = timed(reward.score_batch, arith_responses, arith_golds, reward.arith_reward, num_workers=0)
+    _, arith = timed(lambda: reward.score_batch(arith_responses, arith_golds, reward.arith_reward, num_workers=0))
     print(f"arith_reward, in process: {args.n} samples in {arith * 1e3:.1f} ms = {args.n / arith:.0f} samples/s")
 
-    _, step = timed(reward.score_batch, responses[:256], golds[:256], num_workers=args.workers)
+    _, step = timed(lambda: reward.score_batch(responses[:256], golds[:256], num_workers=args.workers))
     print(f"trainer-sized call (256 samples, warm pool): {step:.2f} s")
 
     print(f"pathological items, alone, default bound timeout_s = {reward.ITEM_TIMEOUT_S} s "
@@ -112,13 +103,14 @@ def main() -> None:
              "100k unclosed \\boxed{": "\\boxed{" * 100_000}
     worst = 0.0
     for name, response in cases.items():
-        score, wall = timed(reward.score_batch, [response], ["5"], num_workers=args.workers)
+        score, wall = timed(lambda: reward.score_batch([response], ["5"], num_workers=args.workers))
         worst = max(worst, wall)
         print(f"  {name:24s} score {score[0]:+.0f}  wall {wall:.2f} s")
-    _, stuck = timed(reward.score_batch, ["x"], ["x"], stuck_verifier, num_workers=args.workers)
+    _, stuck = timed(lambda: reward.score_batch(["x"], ["x"], stuck_verifier, num_workers=args.workers))
     worst = max(worst, stuck)
     print(f"  {'stuck verifier (killed)':24s} score -1  wall {stuck:.2f} s")
-    _, after = timed(reward.score_batch, responses[:args.workers], golds[:args.workers], num_workers=args.workers)
+    _, after = timed(lambda: reward.score_batch(responses[:args.workers], golds[:args.workers],
+                                                num_workers=args.workers))
     print(f"  next call of {args.workers} items, while the killed worker's replacement starts: {after:.2f} s")
     print(f"worst case of one pathological item: {worst:.2f} s (bound {reward.ITEM_TIMEOUT_S} s)")
 

@@ -14,12 +14,12 @@ Variants:
 - "transformers generate": `model.generate(do_sample=True, top_k=0, num_return_sequences=G)`, the loop a user
   would otherwise call (a prefill per row, every row kept until the longest ends; with min_new_tokens in the long
   setting so that it runs the same length);
-- "keep every row, prefill per row": rollout.sample with every prompt repeated G times, no compaction and
+- "keep every row, prefill per row": sampler.sample with every prompt repeated G times, no compaction and
   transformers' own cache;
-- "drop finished rows, prefill per row": compaction on (rollout.COMPACT_FRACTION);
+- "drop finished rows, prefill per row": compaction on (sampler.COMPACT_FRACTION);
 - "prefill per prompt, growing cache": the G samples of a prompt share its prefill, transformers' own cache (grows
   by torch.cat every token): the sampler before the preallocated cache;
-- "prefill per prompt, preallocated cache": what rollout.sample does now (PreallocatedLayer).
+- "prefill per prompt, preallocated cache": what sampler.sample does now (PreallocatedLayer).
 The script checks that the growing and the preallocated cache draw the same samples, bit for bit, and that a
 prefill per prompt draws the same as a prefill per row. Keeping every row changes the samples (fewer rows draw
 fewer random numbers), so the mean response length of each variant is printed; they should agree within noise.
@@ -27,18 +27,17 @@ fewer random numbers), so the mean response length of each variant is printed; t
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rollout  # noqa: E402
-import task  # noqa: E402
+import common  # (puts the repository on the path)
+import builds
+import engines
+import sampler
+import task
 
 
 def per_row(sample):
@@ -66,11 +65,11 @@ def hf_generate(model, tokenizer, prompts, n, max_new_tokens, seed, eos_ends):
 
 
 def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends, repeats):
-    engine = rollout.HFEngine(model, tokenizer, max_new_tokens=max_new_tokens)
+    engine = engines.HFEngine(model, tokenizer, max_new_tokens=max_new_tokens)
     if not eos_ends:
         engine.eos_ids = []  # no token ends a row: every row samples max_new_tokens
-    shared = rollout.sample
-    fraction = rollout.COMPACT_FRACTION
+    shared = sampler.sample
+    fraction = sampler.COMPACT_FRACTION
     variants = {"transformers generate": None,
                 "keep every row, prefill per row": (2.0, per_row(with_cache(shared, False))),
                 "drop finished rows, prefill per row": (fraction, per_row(with_cache(shared, False))),
@@ -88,7 +87,7 @@ def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends,
                 if how is None:
                     lengths[v].append(hf_generate(model, tokenizer, prompts, n, max_new_tokens, repeat, eos_ends))
                 else:
-                    rollout.COMPACT_FRACTION, rollout.sample = how
+                    sampler.COMPACT_FRACTION, engines.sample = how  # engines.HFEngine calls engines.sample
                     out[v] = r = engine.generate(prompts, n=n, seed=repeat)
                     lengths[v].append(r.lengths.float().mean().item())
                 times[v].append(time.perf_counter() - start)
@@ -99,7 +98,7 @@ def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends,
                 grown.sampler_logprobs, pre.sampler_logprobs)
             same_prefill &= torch.equal(row.response_ids, grown.response_ids)
     finally:
-        rollout.COMPACT_FRACTION, rollout.sample = fraction, shared
+        sampler.COMPACT_FRACTION, engines.sample = fraction, shared
     rows = len(prompts_of(0)) * n
     print(f"\n{name}: {len(prompts_of(0))} prompts x {n} samples, up to {max_new_tokens} tokens "
           f"({'EOS ends a row' if eos_ends else 'no EOS: every row runs the whole length'})")
@@ -125,10 +124,9 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.set_verbosity_error()
-    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"date: {datetime.datetime.now().isoformat(timespec='minutes')}")
-    path = task.ensure_base_model()
+    print(f"machine: {common.machine()}, {torch.get_num_threads()} threads")
+    print(f"date: {common.now()}")
+    path = builds.ensure_base_model()
     tokenizer = AutoTokenizer.from_pretrained(path)
     ok = True
     if "demo" in args.settings:

@@ -9,19 +9,26 @@ On a small CPU a repetition of the 13m setting (step and floors) takes minutes: 
 
 Settings (`--settings`), both `--preset demo` (16 prompts x 8 samples, 128 new tokens, mini-batches of 64,
 micro-batches of 16, one PPO epoch) on the built-in arithmetic prompts:
-- `demo`: the shipped base model (task.ensure_base_model(), 1M parameters), loaded as `python vapo.py` loads it;
+- `demo`: the shipped base model (builds.ensure_base_model(), 1M parameters), loaded as `python vapo.py` loads it;
 - `13m`: a Qwen2 model of 12.7M parameters built here from the built-in tokenizer (hidden 256, 12 layers, 4
   attention and 4 KV heads, intermediate 1024; MODEL_13M), randomly initialised: its samples are noise, EOS
   comes at random (about 1 in 257 tokens), so most responses run to max_new_tokens and each row costs about
   the same. The critic is a copy of the policy's backbone with a zero head (models.value_model_from_policy).
 
-Each repetition is one step through vapo's own functions, each phase timed on its own (CUDA synchronised around
-each): rollout (`HFEngine.generate`, G samples per prompt, finished rows dropped from the batch), reward
-(`reward.score_batch`), scoring (`rollout.score_rollout`, no grad: the critic's values, and the policy's old
-log-probs and entropy unless vapo.old_logprobs_from_sampler takes them from the sampler, as it does for the HF
-engine at top_p 1 in float32; the policy's scoring pass is then timed apart, on the same rollout, as what
-`--old-logprobs recompute` would add), advantages (`vapo.advantages_and_returns`) and update (`vapo.update`:
-losses, backward, gradient clipping, AdamW and scheduler steps). Then, in the same repetition, on the same tokens:
+Each repetition is one real training step: `vapo.rl_step` itself (what vapo.train calls each step), as step r of
+a run, sampling with the engine vapo.train makes (vapo.make_engine: the HF engine, over the policy itself). Its
+phases are timed by rl_step's own clock, the `time/<phase>` figures of the record it returns (vapo.timed, which
+synchronises a CUDA device around each phase): rollout (`HFEngine.generate`, G samples per prompt, finished rows
+dropped from the batch), reward (`vapo.verify`: the verifier on each response), scoring (`vapo.score`, no grad:
+the critic's values, and the policy's old log-probs and entropy unless vapo.old_logprobs_from_sampler takes them
+from the sampler, as it does for the HF engine at top_p 1 in float32; the policy's scoring pass is then timed
+apart, on the same rollout, as what `--old-logprobs recompute` would add), advantages
+(`vapo.advantages_and_returns`) and update (`vapo.update`: losses, backward, gradient clipping, AdamW and
+scheduler steps). `step` is the sum of the five; rl_step's own time/step (which also counts drawing the prompts
+and what runs between the phases) is reported beside it as `rl_step`. Nothing of the step is copied here: what
+the floors replay (the rollout the update trained on, and the random state it drew its mini-batch order from)
+is noted by a wrapper around vapo.update as rl_step calls it (watching_update). Then, in the same repetition,
+on the same tokens:
 
 - the update's floor: the bare forward and backward passes of the same policy and critic (train mode, the same
   autocast and gradient checkpointing) over the same rows in the same micro-batches (the update's own
@@ -39,15 +46,16 @@ losses, backward, gradient clipping, AdamW and scheduler steps). Then, in the sa
   sampling from softmax(logits / temperature), for as many tokens as the rollout's longest response (its
   number of sampling steps), with no EOS bookkeeping, no log-probs and no row compaction (target: rollout /
   floor <= 1.5). Because the floor keeps every row to the end, a rollout with ragged lengths (the demo's)
-  can beat it: finished rows leave the rollout's batch (rollout.COMPACT_FRACTION).
+  can beat it: finished rows leave the rollout's batch (sampler.COMPACT_FRACTION).
 
-Before each repetition the weights are put back as loaded, and the AdamW states and schedulers as the first
-update left them (--warmup untimed repetitions run first, default 1, so the timed ones find the AdamW states
-allocated, as every step of a run but the first does): every repetition starts from the same state, and the
-floors' AdamW steps on their dummy gradients change nothing that is measured. Prompts differ between
-repetitions (data.prompt_batch of step r), the random state is seeded per repetition. Figures are medians
+A repetition advances the models, the AdamW states and the schedulers by one real step (and the floors' AdamW
+steps on their dummy gradients move the weights again), so before each repetition the weights are put back as
+loaded, and the AdamW states and schedulers as the first update left them (--warmup untimed repetitions run
+first, default 1, so the timed ones find the AdamW states allocated, as every step of a run but the first does):
+every repetition starts from the same state, and the floors change nothing that is measured. Prompts differ
+between repetitions (vapo.step_prompts of step r), the random state is seeded per repetition. Figures are medians
 over the repetitions; the ratios are medians of each repetition's ratio (phases and floors of a repetition
-run back to back, so a burst of load on a shared machine hits both). Peak memory of a step (phases 1-5): on
+run back to back, so a burst of load on a shared machine hits both). Peak memory of a step (the rl_step call): on
 CUDA torch.cuda.max_memory_allocated (reset before the step), on a CPU the peak resident set (VmHWM, reset
 before the step through /proc/self/clear_refs; where that is refused, ru_maxrss, a high-water mark over the
 process's whole life), both with the memory in use before the step. Prints a markdown table and the machine
@@ -56,104 +64,38 @@ and date; writes everything to --out (JSON).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import functools
 import os
-import resource
 import statistics
-import sys
 import time
+from contextlib import contextmanager
 
 import torch
+import transformers
+from transformers import Qwen2ForCausalLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import config  # noqa: E402
-import data  # noqa: E402
-import demo_seeds  # noqa: E402  (machine())
-import models  # noqa: E402
-import rollout as rollout_mod  # noqa: E402
-import run  # noqa: E402
-import task  # noqa: E402
-import vapo  # noqa: E402
+import common  # (puts the repository on the path)
+import builds
+import config
+import data
+import models
+import rollout as rollout_mod
+import run
+import sampler
+import task
+import vapo
+from common import PeakMemory, clocked, n_params
 
 SETTINGS = ("demo", "13m")
 MODEL_13M = dict(hidden_size=256, num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=4,
                  intermediate_size=1024)  # 12.7M parameters with the built-in 257-token vocabulary
 TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
 TARGETS = {"update/floor": 1.15, "sampling/floor": 1.5}
-PHASES = ("rollout", "reward", "scoring", "advantages", "update")
-
-
-# --- measuring ------------------------------------------------------------------------------------------------
-def sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(device: torch.device, fn):
-    """(fn(), seconds), the device synchronised before and after."""
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - t0
-
-
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-class PeakMemory:
-    """Peak memory over a stretch of code, in MB (1e6 bytes): start() ... stop() -> {"kind", "before_mb",
-    "peak_mb", "delta_mb"}. CUDA: allocated tensor memory (the allocator's cache not counted). CPU: resident set
-    size; the peak is reset at start() through /proc/self/clear_refs (Linux), else ru_maxrss is the peak of the
-    whole process so far ("kind" says which)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.before = 0.0
-        self.kind = "cuda max_memory_allocated" if device.type == "cuda" else "rss"
-
-    def start(self):
-        if self.device.type == "cuda":
-            sync(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.before = torch.cuda.memory_allocated(self.device) / 1e6
-            return
-        self.kind = "rss (VmHWM reset per step)"
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # resets the peak resident set size (VmHWM) to the current one
-        except OSError:
-            self.kind = "rss (ru_maxrss, peak since the process started)"
-        rss = _status_kb("VmRSS")
-        self.before = (rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
-
-    def stop(self) -> dict:
-        if self.device.type == "cuda":
-            sync(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device) / 1e6
-        else:
-            hwm = _status_kb("VmHWM") if self.kind.startswith("rss (VmHWM") else None
-            peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
-        return {"kind": self.kind, "before_mb": round(self.before, 1), "peak_mb": round(peak, 1),
-                "delta_mb": round(peak - self.before, 1)}
+PHASES = {"rollout": "time/rollout", "reward": "time/reward", "scoring": "time/score",
+          "advantages": "time/advantages", "update": "time/update"}  # reported name: vapo.rl_step's record key
 
 
 # --- setting up -----------------------------------------------------------------------------------------------
-def n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def setting_config(args) -> vapo.Config:
     """The demo preset, with --tiny's shapes and the command line's overrides."""
     over = dict(device=args.device, bf16=args.bf16, seed=args.seed)
@@ -168,17 +110,14 @@ def build_models(setting: str, cfg: vapo.Config, device: torch.device):
     """(policy, critic, tokenizer, description) of a setting."""
     if setting == "demo":
         # the shipped base model, as the demo loads it
-        policy, critic, tokenizer = models.load_models(cfg, device, task.ensure_base_model(log=lambda *a: None))
-        return policy, critic, tokenizer, "the shipped base model (task.ensure_base_model())"
-    from transformers import Qwen2ForCausalLM
-
-    from models import set_gradient_checkpointing, value_model_from_policy
+        policy, critic, tokenizer = models.load_models(cfg, device, builds.ensure_base_model(log=lambda *a: None))
+        return policy, critic, tokenizer, "the shipped base model (builds.ensure_base_model())"
     tokenizer = task.build_tokenizer()
     torch.manual_seed(cfg.seed)
     policy = Qwen2ForCausalLM(task.tiny_config(tokenizer, **MODEL_13M)).to(device)
     if cfg.gradient_checkpointing:
-        set_gradient_checkpointing(policy, True)
-    critic = value_model_from_policy(policy, gradient_checkpointing=cfg.gradient_checkpointing)
+        models.set_gradient_checkpointing(policy, True)
+    critic = models.value_model_from_policy(policy, gradient_checkpointing=cfg.gradient_checkpointing)
     return policy, critic, tokenizer, f"random init, Qwen2 {MODEL_13M}"
 
 
@@ -217,49 +156,56 @@ class Snapshot:
 
 
 # --- the step and its floors ----------------------------------------------------------------------------------
+@contextmanager
+def watching_update():
+    """Inside the block, vapo.update (which rl_step calls by its module-level name) first notes what the floors
+    replay, then runs unchanged: the rollout it trains on, and the CPU random state at its start (it draws its
+    mini-batch order from that generator). Yields the dict it notes them in."""
+    seen = {}
+    update = vapo.update
+
+    @functools.wraps(update)
+    def noting(policy, critic, optimizers, rollout, *args, **kwargs):
+        seen.update(rollout=rollout, rng=torch.get_rng_state())
+        return update(policy, critic, optimizers, rollout, *args, **kwargs)
+
+    vapo.update = noting
+    try:
+        yield seen
+    finally:
+        vapo.update = update
+
+
 def one_step(ctx: dict, rep: int) -> dict:
-    """Phases 1-5 of vapo.rl_step on step `rep`'s prompts, each timed; -> {"times", "memory", "rollout", "rng"}
-    (rng: the random state the update drew its mini-batch order from)."""
-    cfg, device, rows = ctx["cfg"], ctx["device"], ctx["rows"]
-    policy, critic, optimizers = ctx["policy"], ctx["critic"], ctx["optimizers"]
-    prompts = data.prompt_batch(rows, rep, cfg.prompts_per_rollout, cfg.seed)
-    times = {}
-    memory = PeakMemory(device)
+    """vapo.rl_step itself, as step `rep` of a run (its prompts); -> {"times": its phase timings from its record
+    (time/<phase>, the device synchronised around each phase) and "step" their sum, "rl_step": its own time/step,
+    "memory", "shape", "rollout" and "rng" (what vapo.update trained on and drew its order from: watching_update)}.
+    """
+    memory = PeakMemory(ctx["device"])
     memory.start()
-    with vapo.autocast(cfg, device):
-        rollout, times["rollout"] = timed(device, lambda: ctx["engine"].generate([r["prompt"] for r in prompts],
-                                                                                  n=cfg.group_size))
-    golds = [prompts[int(i)]["answer"] for i in rollout.prompt_index]
-    scores, times["reward"] = timed(device, lambda: torch.tensor(
-        ctx["verifier"].score(rollout.texts, golds)).to(device))
-    from_sampler = vapo.old_logprobs_from_sampler(cfg, ctx["engine"])  # as rl_step: then the critic alone
-    with vapo.autocast(cfg, device):
-        scored, times["scoring"] = timed(device, lambda: rollout_mod.score_rollout(
-            None if from_sampler else policy, critic, rollout, cfg.micro_batch_size, cfg.temperature))
-    if from_sampler:
-        scored["old_logprobs"] = rollout.sampler_logprobs
-    rewards = scores.float()
-    (advantages, returns, _), times["advantages"] = timed(device, lambda: vapo.advantages_and_returns(
-        rollout, rewards, scored["values"], cfg))
-    batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0,
-             "values": scored["values"], "returns": returns}
-    rng = torch.get_rng_state()  # vapo.update draws its mini-batch order from the CPU generator
-    _, times["update"] = timed(device, lambda: vapo.update(policy, critic, optimizers, rollout, batch, cfg))
+    with watching_update() as seen:
+        record = vapo.rl_step(rep, ctx["policy"], ctx["critic"], ctx["optimizers"], ctx["engine"], ctx["rows"],
+                              ctx["cfg"], ctx["verifier"])
     mem = memory.stop()
-    times["step"] = sum(times[p] for p in PHASES)
+    if "rollout" not in seen:  # only dynamic sampling leaves a step without samples, and the demo preset has none
+        raise SystemExit(f"bench_step: rl_step skipped its update (record: {record})")
+    times = {name: record[key] for name, key in PHASES.items()}
+    times["step"] = sum(times.values())
+    rollout = seen["rollout"]
     shape = {"B": rollout.B, "prompt_width": rollout.P, "response_width": rollout.T,
              "mean_prompt_tokens": round(rollout.prompt_mask.sum(1).float().mean().item(), 1),
              "mean_response_tokens": round(rollout.lengths.float().mean().item(), 1),
              "truncated_frac": round(rollout.truncated.float().mean().item(), 3),
              "response_tokens": int(rollout.lengths.sum())}
-    return {"times": times, "memory": mem, "rollout": rollout, "shape": shape, "rng": rng}
+    return {"times": times, "rl_step": record["time/step"], "memory": mem, "rollout": rollout, "shape": shape,
+            "rng": seen["rng"]}
 
 
 @torch.no_grad()
 def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.device) -> float:
     """Seconds of a bare KV-cached decode loop: the rollout's B left-padded prompt rows, one prefill per prompt,
     then `steps` sampled tokens for every row (steps - 1 decode forwards), no EOS check, no compaction."""
-    cache_kw = rollout_mod._cache_kwarg(model)
+    cache_kw = sampler._cache_kwarg(model)
     was_training = model.training
     model.eval()
 
@@ -270,7 +216,7 @@ def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.d
         positions = rollout_mod.position_ids(attention_mask)
         out = model(input_ids=rollout.prompt_ids[::G], attention_mask=attention_mask, position_ids=positions,
                     use_cache=True, logits_to_keep=1)
-        cache = rollout_mod._output_cache(out)
+        cache = sampler._output_cache(out)
         cache.batch_repeat_interleave(G)
         logits = out.logits[:, -1].repeat_interleave(G, 0)  # [B, V]
         attention_mask, positions = attention_mask.repeat_interleave(G, 0), positions.repeat_interleave(G, 0)
@@ -284,13 +230,13 @@ def sampling_floor(model, rollout, steps: int, cfg: vapo.Config, device: torch.d
             attention_mask = torch.cat([attention_mask, ones], 1)
             out = model(input_ids=token, attention_mask=attention_mask, position_ids=next_position, use_cache=True,
                         **{cache_kw: cache})
-            cache = rollout_mod._output_cache(out)
+            cache = sampler._output_cache(out)
             logits = out.logits[:, -1]
             next_position = next_position + 1
 
     try:
         with vapo.autocast(cfg, device):
-            _, seconds = timed(device, loop)
+            _, seconds = clocked(loop, device)
     finally:
         model.train(was_training)
     return seconds
@@ -335,8 +281,8 @@ def update_floor(ctx: dict, rollout, rng: torch.Tensor) -> dict:
                     optimizers[name][0].step()
                     optimizers[name][0].zero_grad(set_to_none=True)
 
-            fwd_bwd += timed(device, passes)[1]
-            adamw += timed(device, steps)[1]
+            fwd_bwd += clocked(passes, device)[1]
+            adamw += clocked(steps, device)[1]
             opt_steps += len(models)
     return {"fwd_bwd": fwd_bwd, "adamw": adamw, "optimizer_steps": opt_steps}
 
@@ -351,8 +297,8 @@ def repetition(ctx: dict, rep: int) -> dict:
     rollout = step.pop("rollout")
     sampling = sampling_floor(ctx["policy"], rollout, max(rollout.T, 1), ctx["cfg"], ctx["device"])
     with vapo.autocast(ctx["cfg"], ctx["device"]):  # what --old-logprobs recompute would add to the scoring phase
-        _, policy_scoring = timed(ctx["device"], lambda: rollout_mod.score_rollout(
-            ctx["policy"], None, rollout, ctx["cfg"].micro_batch_size, ctx["cfg"].temperature))
+        _, policy_scoring = clocked(lambda: rollout_mod.score_rollout(
+            ctx["policy"], None, rollout, ctx["cfg"].micro_batch_size, ctx["cfg"].temperature), ctx["device"])
     upd = update_floor(ctx, rollout, step.pop("rng"))
     times = step["times"]
     floors = {"sampling": sampling, "update_fwd_bwd": upd["fwd_bwd"], "update_adamw": upd["adamw"],
@@ -370,8 +316,7 @@ def run_setting(setting: str, args) -> dict:
     policy, critic, tokenizer, source = build_models(setting, cfg, device)
     rows = data.load_data(cfg, tokenizer)[0]
     verifier = run.verifier_for(cfg)
-    engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p)
+    engine = vapo.make_engine(cfg, policy, tokenizer, vapo.parallel, critic)  # vapo.train's: the HF engine
     optimizers = {"policy": vapo.make_optimizer(policy, cfg.actor_lr, cfg),
                   "critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
     ctx = dict(cfg=cfg, device=device, rows=rows, verifier=verifier, engine=engine,
@@ -388,6 +333,7 @@ def run_setting(setting: str, args) -> dict:
     floors = {f: summary([r["floors"][f] for r in reps]) for f in reps[0]["floors"]}
     ratios = {k: statistics.median(r["ratios"][k] for r in reps) for k in reps[0]["ratios"]}
     policy_scoring = summary([r["policy_scoring"] for r in reps])
+    whole = summary([r["rl_step"] for r in reps])
     peaks = [r["memory"] for r in reps]
     worst = max(peaks, key=lambda m: m["peak_mb"])
     return {
@@ -402,7 +348,7 @@ def run_setting(setting: str, args) -> dict:
         "device": str(device), "rollouts": [r["shape"] for r in reps],
         "optimizer_steps_per_update": reps[0]["optimizer_steps"],
         "old_logprobs": "sampler" if vapo.old_logprobs_from_sampler(cfg, engine) else "recompute",
-        "policy_scoring_pass": policy_scoring,
+        "policy_scoring_pass": policy_scoring, "rl_step": whole,
         "phases": phases, "floors": floors, "ratios": ratios,
         "targets": TARGETS, "meets_targets": {k: ratios[k] <= v for k, v in TARGETS.items()},
         "memory": {**worst, "per_repetition": peaks},
@@ -468,10 +414,8 @@ def main(argv=None):
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
 
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    machine = demo_seeds.machine()
-    if torch.cuda.is_available() and args.device != "cpu":
-        machine += f"; GPU: {torch.cuda.get_device_name()}"
+    started = common.now()
+    machine = common.machine("cuda" if torch.cuda.is_available() and args.device != "cpu" else None)
     t0 = time.perf_counter()
     results = {s: run_setting(s, args) for s in args.settings}
     print(f"machine: {machine}, {torch.get_num_threads()} torch threads\ndate: {started}; "
@@ -479,13 +423,10 @@ def main(argv=None):
           f"median of {args.repeats} repetitions after {args.warmup} untimed; ratios are medians of each "
           f"repetition's ratio{'; --tiny: a smoke run, not a measurement' if args.tiny else ''}\n")
     print(table(results))
-    import transformers
     report = {"machine": machine, "date": started, "torch": torch.__version__,
               "transformers": transformers.__version__, "threads": torch.get_num_threads(), "args": vars(args),
               "settings": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(args.out, report)
     print(f"\nwrote {args.out}")
 
 

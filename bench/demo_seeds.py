@@ -11,10 +11,10 @@ but for the base model and the seed), in its own process with one torch thread, 
 
 Base models (`--bases`):
 - `shipped`: the repository's base model (base-model/, what `python vapo.py` starts from);
-- `seedN`: the same recipe with warm-start seed N (`python task.py build --seed N`), a stand-in for the base
+- `seedN`: the same recipe with warm-start seed N (`python builds.py build --seed N`), a stand-in for the base
   model another CPU would build (floating-point kernels differ between CPUs, so a rebuild elsewhere is a different
   model); built once into the cache ($VAPO_CACHE or .cache/) if missing, several builds in parallel;
-- `weak`: the same recipe stopped after 700 warm-start steps instead of 2,000 (`python task.py build --steps
+- `weak`: the same recipe stopped after 700 warm-start steps instead of 2,000 (`python builds.py build --steps
   700`), a base still imprecise at the arithmetic itself, so RL has more to learn than one habit; built once
   into the cache;
 - any folder holding a base model (e.g. one built on another machine).
@@ -28,181 +28,23 @@ benchmark resumes); --fresh runs everything again.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import plots  # noqa: E402
-import task  # noqa: E402
+import common  # (puts the repository on the path)
+import plots
 
 GAIN_TARGET = 0.25  # held-out accuracy points (as a fraction) each of avg@k and greedy should gain
-
-
-def machine() -> str:
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} (CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}), Python {platform.python_version()}, {platform.system()}")
-
-
-WEAK_STEPS = 700  # warm-start steps of the `weak` base model (the full recipe has task.SFT_STEPS)
-
-
-def resolve_base(name: str) -> str:
-    """A base model folder for `shipped`, `seedN` or a path (see the module docstring)."""
-    if name == "shipped":
-        return task.SHIPPED_BASE
-    if name.startswith("seed") and name[4:].isdigit():
-        return task.cache_path(f"{task.BASE_NAME}-{name}")
-    if name == "weak":
-        return task.cache_path(f"{task.BASE_NAME}-sft{WEAK_STEPS}")
-    if os.path.isdir(name):
-        return os.path.abspath(name)
-    raise SystemExit(f"--bases: {name!r} is neither 'shipped', 'seedN', 'weak' nor a folder")
-
-
-def build_missing(bases: dict[str, str], jobs: int) -> None:
-    """Build the `seedN` and `weak` base models that are not in the cache yet, `jobs` builds at a time, one
-    thread each."""
-    todo = {n: p for n, p in bases.items() if (n.startswith("seed") or n == "weak") and not os.path.exists(
-        os.path.join(p, task.BUILD_INFO))}
-    if not todo:
-        return
-    print(f"building {len(todo)} base model(s) ({', '.join(todo)}), about 8 minutes each on one thread ...",
-          flush=True)
-
-    def build(item):
-        name, path = item
-        recipe = ["--steps", str(WEAK_STEPS)] if name == "weak" else ["--seed", name[4:]]
-        cmd = [sys.executable, "task.py", "build", *recipe, "--out", path]
-        proc = subprocess.run(cmd, cwd=ROOT, env=one_thread_env(), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"building {name} failed:\n{proc.stderr[-3000:]}")
-        print(f"built {name}: {proc.stdout.strip().splitlines()[0]}", flush=True)
-
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(build, todo.items()))
-
-
-def one_thread_env() -> dict:
-    """This process's environment with one torch (OpenMP/MKL) thread for the child."""
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def finished(run_dir: str) -> bool:
-    """A run is finished when its metrics hold the evaluation vapo.py makes at the end: at --steps, or at the
-    step where --max-samples was reached."""
-    try:
-        with open(os.path.join(run_dir, "config.json")) as fh:
-            cfg = json.load(fh)
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            records = [json.loads(line) for line in fh if line.strip()]
-    except (OSError, ValueError):
-        return False
-    if any(r.get("step") == cfg.get("steps") and "eval/acc_greedy" in r for r in records):
-        return True
-    budget, generated = cfg.get("max_samples"), sum(r.get("samples_generated", 0) for r in records)
-    return budget is not None and generated >= budget and bool(records) and "eval/acc_greedy" in records[-1]
 
 
 def run_one(job: tuple[str, str, int, str, list[str]]) -> float | None:
     """Run one demo (unless already finished); returns its wall time in seconds, None if it was read back."""
     base_name, base_path, seed, run_dir, extra = job
     cmd = ["--preset", "demo", "--model", base_path, "--seed", str(seed), "--output-dir", run_dir, *extra]
-    return run_vapo(f"{base_name} seed {seed}", cmd, run_dir)
-
-
-RUNNING = "running.pid"  # in a run folder while a process runs it: the vapo.py process's id
-
-
-def running(run_dir: str) -> int | None:
-    """The id of a live process that runs run_dir now (its RUNNING file), else None."""
-    try:
-        with open(os.path.join(run_dir, RUNNING)) as fh:
-            pid = int(fh.read())
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        return pid
-    except (OSError, ValueError):
-        return None
-
-
-def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
-    """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
-    holds a finished run, or a live process of another invocation runs it (then None); an interrupted run (its
-    config.json there) is resumed instead. Returns the wall time in seconds, also written to run_dir/wall_seconds."""
-    if finished(run_dir):
-        return None
-    owner = running(run_dir)
-    if owner is not None:  # another sweep's process is running it now: left to that one
-        print(f"  {label}: being run by process {owner} (another invocation), skipped here", flush=True)
-        return None
-    cmd = [sys.executable, "vapo.py", *args]
-    if os.path.exists(os.path.join(run_dir, "config.json")):
-        cmd = [sys.executable, "vapo.py", "--resume", run_dir]  # an interrupted run continues (or restarts)
-    t0 = time.perf_counter()
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "stdout.log"), "a") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=one_thread_env(), stdout=log, stderr=subprocess.STDOUT)
-        with open(os.path.join(run_dir, RUNNING), "w") as fh:
-            fh.write(f"{proc.pid}\n")
-        proc.wait()
-    os.remove(os.path.join(run_dir, RUNNING))
-    wall = time.perf_counter() - t0
-    status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {run_dir}/stdout.log)"
-    print(f"  {label}: {status} in {wall:.0f} s", flush=True)
-    with open(os.path.join(run_dir, "wall_seconds"), "w") as fh:
-        fh.write(f"{wall:.1f}\n")
-    return wall
-
-
-def summarise_run(run_dir: str) -> dict | None:
-    """The figures of one finished run folder (None if it did not finish)."""
-    if not finished(run_dir):
-        return None
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh]
-    evals = [r for r in records if "eval/acc_greedy" in r]
-    rl = [r for r in records if "step" in r and "train_acc" in r]
-    pre = [r for r in records if "value_pretrain_step" in r]
-    first, last = evals[0], evals[-1]
-    sampled = next(k for k in first if k.startswith("eval/acc_avg@") and not k.endswith("_se"))
-
-    def mean(key, rows):
-        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
-        return statistics.mean(vals) if vals else float("nan")
-
-    wall = None
-    if os.path.exists(os.path.join(run_dir, "wall_seconds")):
-        with open(os.path.join(run_dir, "wall_seconds")) as fh:
-            wall = float(fh.read())
-    return {
-        "k": sampled.removeprefix("eval/acc_"),
-        "avg_base": first[sampled], "avg_final": last[sampled], "avg_gain": last[sampled] - first[sampled],
-        "greedy_base": first["eval/acc_greedy"], "greedy_final": last["eval/acc_greedy"],
-        "greedy_gain": last["eval/acc_greedy"] - first["eval/acc_greedy"],
-        "len_ratio": last["eval/response_len_greedy"] / first["eval/response_len_greedy"],
-        "pretrain_ev_last3": statistics.mean(r["explained_variance"] for r in pre[-3:]) if pre else float("nan"),
-        "pretrain_steps": len(pre),
-        "ev": mean("explained_variance", rl), "clip_frac": mean("clip_frac", rl),
-        "approx_kl": mean("approx_kl", rl), "entropy": mean("entropy", rl),
-        "run_seconds": last["time/elapsed"], "wall_seconds": wall,
-    }
+    return common.run_vapo(f"{base_name} seed {seed}", cmd, run_dir)
 
 
 def table(rows: list[dict]) -> str:
@@ -274,16 +116,16 @@ def main():
     ap.add_argument("--bases", nargs="+", default=["shipped", "seed1"],
                     help="base models: shipped, seedN (built once with warm-start seed N) or folders")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "demo-seeds"), help="folder of the runs")
+    ap.add_argument("--out", default=os.path.join(common.ROOT, "runs", "demo-seeds"), help="folder of the runs")
     ap.add_argument("--fresh", action="store_true", help="run again even where a finished run is there")
     ap.add_argument("--plot", default=None, help="where to write the PNG of all runs (default: <out>/demo-seeds.png)")
     ap.add_argument("extra", nargs="*", help="options passed on to vapo.py (after --)")
     args = ap.parse_args()
 
-    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    print(f"machine: {machine()}\ndate: {started}", flush=True)
-    bases = {name: resolve_base(name) for name in args.bases}
-    build_missing(bases, args.jobs)
+    started, machine = common.now(), common.machine()
+    print(f"machine: {machine}\ndate: {started}", flush=True)
+    bases = {name: common.resolve_base(name) for name in args.bases}
+    common.build_missing(bases, args.jobs)
     jobs = []
     for name, path in bases.items():
         for seed in args.seeds:
@@ -296,10 +138,10 @@ def main():
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(run_one, jobs))
-    rows = [{"base": j[0], "seed": j[2], "run_dir": j[3], "summary": summarise_run(j[3])} for j in jobs]
+    rows = [{"base": j[0], "seed": j[2], "run_dir": j[3], "summary": common.summarise_run(j[3])} for j in jobs]
     v = verdict(rows)
     md = table(rows)
-    lines = [f"machine: {machine()}", f"date: {started}; {time.perf_counter() - t0:.0f} s for this invocation",
+    lines = [f"machine: {machine}", f"date: {started}; {time.perf_counter() - t0:.0f} s for this invocation",
              f"vapo.py options: --preset demo {' '.join(args.extra)}".rstrip(), "", md, ""]
     if v["finished"]:
         lines += [f"{v['gained_both_25']} of {v['finished']} runs gained >= {100 * GAIN_TARGET:.0f} points held-out "
@@ -314,12 +156,10 @@ def main():
         lines.append("curves: " + plot_runs(rows, args.plot or os.path.join(args.out, "demo-seeds.png")))
     report = "\n".join(lines)
     print("\n" + report)
-    os.makedirs(args.out, exist_ok=True)
+    common.write_json(os.path.join(args.out, "results.json"), {"machine": machine, "date": started,
+                                                                "extra": args.extra, "verdict": v, "runs": rows})
     with open(os.path.join(args.out, "results.md"), "w") as fh:
         fh.write(report + "\n")
-    with open(os.path.join(args.out, "results.json"), "w") as fh:
-        json.dump({"machine": machine(), "date": started, "extra": args.extra, "verdict": v, "runs": rows}, fh,
-                  indent=1)
 
 
 if __name__ == "__main__":

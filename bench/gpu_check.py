@@ -74,36 +74,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import importlib.util
-import json
 import logging
 import math
 import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import bench_step  # noqa: E402  (PeakMemory, sync)
-from config import PRESETS  # noqa: E402
-from data import load_data  # noqa: E402
-import demo_seeds  # noqa: E402  (machine())
-from qwen_proxy import QWEN25_05B  # noqa: E402
-from plots import read_jsonl  # noqa: E402  (a run's metrics.jsonl, complete lines only)
-import rollout as rollout_mod  # noqa: E402
-import run  # noqa: E402
-import task  # noqa: E402
-import vapo  # noqa: E402
+import common  # (puts the repository on the path)
+import engines
+import run
+import task
+import vapo
+from common import QWEN25_05B, PeakMemory, n_params, sync
+from config import PRESETS
+from data import load_data
 
 # --tiny: heads of the real 64 dimensions with grouped KV (4 heads, 2 KV heads: a head size vLLM's CPU attention
 # supports), 2 layers, a 4,096-token vocabulary (still larger than the tokenizer's, as in the full check), so a
@@ -117,7 +109,7 @@ SHARES = dict(train=0.35, resume=0.10, sample=0.15, evaluate=0.10, vllm=0.30)  #
 # docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each
 README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30)
 # bytes of one cached K or V element while sampling under --bf16 with float32 weights: the sampler's preallocated
-# cache stores bf16 (rollout.kv_cache_bytes_per_token, tests/test_rollout.py)
+# cache stores bf16 (sampler.kv_cache_bytes_per_token, tests/test_rollout.py)
 KV_BYTES = 2
 
 
@@ -158,12 +150,12 @@ class Probe:
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            memory = bench_step.PeakMemory(self.device)
+            memory = PeakMemory(self.device)
             memory.start()
-            bench_step.sync(self.device)
+            sync(self.device)
             t0 = time.perf_counter()
             out = original(*args, **kwargs)
-            bench_step.sync(self.device)
+            sync(self.device)
             record = {"what": what, "phase": self.phase, "seconds": time.perf_counter() - t0,
                       "peak_gb": memory.stop()["peak_mb"] / 1e3}
             if self.device.type == "cuda":  # all of the device's memory in use, vLLM's pool included
@@ -194,7 +186,7 @@ def _updated(args, kwargs, out):
     tokens = int(rollout.prompt_mask.sum() + rollout.lengths.sum()) * cfg.ppo_epochs  # rollout, batch, cfg, ...)
     return {"tokens": tokens, "train_policy": kwargs.get("train_policy", args[6] if len(args) > 6 else True),
             "prompt_width": rollout.P, "response_width": rollout.T,
-            "params": {name: sum(p.numel() for p in m.parameters()) if m is not None else 0
+            "params": {name: n_params(m) if m is not None else 0
                        for name, m in (("policy", policy), ("critic", critic))}}
 
 
@@ -237,7 +229,7 @@ class Stopper:
 def ragged_eos(model, tokenizer, hazard: float, seed: int) -> list[int]:
     """Ragged lengths from a random model, through the path an instruct model's several stop tokens take: K =
     hazard x (vocabulary - tokenizer) ids drawn above the tokenizer's own (ids that decode to nothing) join EOS in
-    the model's generation config, which save_pretrained writes and rollout.eos_token_ids reads. A random model's
+    the model's generation config, which save_pretrained writes and engines.eos_token_ids reads. A random model's
     next-token distribution is nearly uniform (the logsumexp of its logits is log V + 0.2, the same at every
     position to 1e-3), so a step stops with probability about hazard and lengths are about geometric: with hazard
     2 / max_new_tokens, a mean of max_new_tokens / 2 and e^-2 = 14% of the rows cut at max_new_tokens. (Raising
@@ -259,7 +251,7 @@ def build_model_folder(folder: str, tiny: bool, device: torch.device, seed: int,
     with torch.device(device):  # initialised where it will run: seconds on a GPU for 0.5B
         model = Qwen2ForCausalLM(config)
     ragged_eos(model, tokenizer, 2 / max_new_tokens, seed)
-    params = sum(p.numel() for p in model.parameters())
+    params = n_params(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
@@ -328,14 +320,14 @@ def evaluation_part(args, cfg, folder: str, device: torch.device, box_s: float, 
     cfg = dataclasses.replace(cfg, eval_prompts=prompts)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     policy = AutoModelForCausalLM.from_pretrained(folder).to(device)
-    engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p)
+    engine = engines.HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                              top_p=cfg.top_p)
     _, held_out = load_data(cfg, tokenizer)
-    memory = bench_step.PeakMemory(device)
+    memory = PeakMemory(device)
     memory.start()
     t0 = time.perf_counter()
     result = vapo.evaluate(engine, held_out, cfg, run.verifier_for(cfg))
-    bench_step.sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
     out = {"prompts": prompts, "asked": args.eval_prompts, "eval_samples": cfg.eval_samples,
            "rows_per_pass": (cfg.eval_batch_size or max(1, cfg.batch_size // cfg.eval_samples)) * cfg.eval_samples,
@@ -354,7 +346,7 @@ class Part:
     what torch still holds on the device at its end: `with Part(device) as part: ...; part.result`."""
 
     def __init__(self, device: torch.device, box_s: float):
-        self.device, self.box_s, self.memory = device, box_s, bench_step.PeakMemory(device)
+        self.device, self.box_s, self.memory = device, box_s, PeakMemory(device)
 
     def __enter__(self):
         self.memory.start()
@@ -362,7 +354,7 @@ class Part:
         return self
 
     def __exit__(self, *exc):
-        bench_step.sync(self.device)
+        sync(self.device)
         self.result = {"seconds": round(time.perf_counter() - self.t0, 2), "box_s": round(self.box_s, 1),
                        "peak_gb": round(self.memory.stop()["peak_mb"] / 1e3, 3)}
         if self.device.type == "cuda":
@@ -371,7 +363,7 @@ class Part:
 
 
 def steps_done(run_dir: str) -> int:
-    return len([r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if "step" in r and "time/step" in r])
+    return len([r for r in common.read_records(run_dir) if "step" in r and "time/step" in r])
 
 
 def resume_part(args, cfg, probe: Probe, box_s: float) -> dict:
@@ -404,22 +396,22 @@ def sample_part(args, cfg, folder: str, device: torch.device, box_s: float, seco
         new_tokens = max(1, min(asked, int(box_s / per_step)))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     policy = AutoModelForCausalLM.from_pretrained(folder).to(device)
-    engine = rollout_mod.HFEngine(policy, tokenizer, max_new_tokens=new_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p)
+    engine = engines.HFEngine(policy, tokenizer, max_new_tokens=new_tokens, temperature=cfg.temperature,
+                              top_p=cfg.top_p)
     cfg = dataclasses.replace(cfg, prompts_per_step=prompts_n, max_new_tokens=new_tokens)
     rows, _ = load_data(cfg, tokenizer)
     prompts = [r["prompt"] for r in rows[:prompts_n]]
-    memory = bench_step.PeakMemory(device)
+    memory = PeakMemory(device)
     memory.start()
     t0 = time.perf_counter()
     with vapo.autocast(cfg, device):
         out = engine.generate(prompts, n=n, seed=args.seed)
-    bench_step.sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
     result = {"prompts": prompts_n, "samples_per_prompt": n, "max_new_tokens": new_tokens, "asked_new_tokens": asked,
               "seconds": round(seconds, 2), "tokens_per_s": int(out.lengths.sum()) / seconds,
               "peak_gb": round(memory.stop()["peak_mb"] / 1e3, 3), **_generated(None, None, out),
-              "arithmetic": memory_arithmetic(sum(p.numel() for p in policy.parameters()), policy.config, out.B,
+              "arithmetic": memory_arithmetic(n_params(policy), policy.config, out.B,
                                               cfg.micro_batch_size, out.P + new_tokens)["sampling_peak_gb"]}
     del engine, policy, out
     if device.type == "cuda":
@@ -435,7 +427,7 @@ def vllm_part(args, folder: str, workdir: str, probe: Probe, box_s: float) -> di
     probe.phase = "vllm"
     probe.wrap(vapo, "make_engine", "engine start")  # as vapo.py imported it
     for name in ("generate", "sleep", "load_weights"):
-        probe.wrap(rollout_mod.VLLMEngine, name, f"vllm {name}", _generated if name == "generate" else None)
+        probe.wrap(engines.VLLMEngine, name, f"vllm {name}", _generated if name == "generate" else None)
     t0 = time.perf_counter()
     with Stopper(box_s):
         vapo.train(cfg)
@@ -494,12 +486,12 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
     t_start = time.perf_counter()
-    started = datetime.datetime.now().isoformat(timespec="seconds")
+    started = common.now()
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available on this machine")
-    machine = demo_seeds.machine() + (f"; GPU: {torch.cuda.get_device_name()}" if device.type == "cuda" else "")
+    machine = common.machine(device)
     workdir = args.workdir or tempfile.mkdtemp(prefix="gpu_check-")
     folder, run_dir = os.path.join(workdir, "model"), os.path.join(workdir, "run")
     probe = Probe(device)
@@ -512,7 +504,7 @@ def main(argv=None):
               f"{cfg.micro_batch_size}", flush=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        probe.wrap(rollout_mod.HFEngine, "generate", "generate", _generated)
+        probe.wrap(engines.HFEngine, "generate", "generate", _generated)
         probe.wrap(vapo, "pretrain_value", "pretrain_value")
         probe.wrap(vapo, "score_rollout", "score_rollout")  # as vapo.py imported it
         probe.wrap(vapo, "update", "update", _updated)
@@ -524,7 +516,7 @@ def main(argv=None):
             box = args.stop_after_s or SHARES["train"] * args.budget_s
             with Part(device, box) as part, Stopper(box):
                 vapo.train(cfg)
-            records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+            records = common.read_records(run_dir)
             pretrain = [r for r in probe.records if r["what"] == "pretrain_value"]
             parts["train"] = part.result | {
                 "steps_done": steps_done(run_dir),
@@ -577,9 +569,7 @@ def main(argv=None):
               **{k: summary[k] for k in ("steps", "generation", "update", "checkpoint_s", "scoring_s")},
               "memory": memory, "train_s": round(train_s, 1), **parts,
               "wall_s": round(time.perf_counter() - t_start, 1)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(os.path.join(args.out, "gpu_check.json"), report)
 
     def fmt(x, spec):
         return "n/a" if x is None else format(x, spec)

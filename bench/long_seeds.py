@@ -7,7 +7,7 @@ Each run is `python vapo.py --preset long --seed S` (as a user runs it), in its 
 `--jobs` at a time; a finished run folder is read back, not run again. From each run's metrics.jsonl: held-out
 greedy accuracy and avg@k at step 0 (the base model) and at the end, each with its standard error over prompts,
 and over the RL steps the shares of tokens clipped at each bound and the approximate KL. The final policy and the
-base model are judged once more on POLICY_PROBLEMS held-out problems (bench/ablation.judge_policy): misread terms
+base model are judged once more on POLICY_PROBLEMS held-out problems (bench/common.judge_policy): misread terms
 per step written and the share of responses whose first error is a misread (task.first_error_kind), greedy and
 sampled. The verdict per seed: above the base on greedy and on avg@k, and greedy misreads within 2 points of the
 base's. Writes results.json and results.md into --out.
@@ -15,17 +15,10 @@ base's. Writes results.json and results.md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ablation  # noqa: E402  (same folder: judge_policy, run_figures)
-import critic_bias  # noqa: E402  (same folder: folder_of)
-import demo_seeds  # noqa: E402  (same folder: run_vapo, finished, machine)
+import common  # (puts the repository on the path)
 
 MISREAD_MARGIN = 0.02  # the issue's bar: final greedy misreads per step at most the base model's + 2 points
 
@@ -33,33 +26,22 @@ MISREAD_MARGIN = 0.02  # the issue's bar: final greedy misreads per step at most
 def run_figures(run_dir: str) -> dict:
     """First and last held-out evaluation (accuracy and standard error of greedy and avg@k), means over the RL
     steps of the clipped shares and approx KL, and the wall time, from run_dir's metrics.jsonl."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
-    evals = [r for r in records if "eval/acc_greedy" in r]
-    steps = [r for r in records if "step" in r and "train_acc" in r]
-    k = next(key for key in evals[0] if key.startswith("eval/acc_avg@") and not key.endswith("_se"))
-    k = k.removeprefix("eval/acc_")
-
-    def mean(key):
-        vals = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
-        return statistics.fmean(vals) if vals else None
+    records = common.read_records(run_dir)
+    evals, steps = common.evaluations(records), common.rl_steps(records)
+    k = common.sampled_measure(evals[0])
     out = {"k": k, "seconds": evals[-1]["time/elapsed"]}
     for name in (k, "greedy"):
         out[name] = {when: {"accuracy": e[f"eval/acc_{name}"], "se": e.get(f"eval/acc_{name}_se")}
                      for when, e in (("base", evals[0]), ("final", evals[-1]))}
-    return out | {key: mean(key) for key in ("clip_frac_low", "clip_frac_high", "approx_kl")}
+    return out | {key: common.mean_of(steps, key) for key in ("clip_frac_low", "clip_frac_high", "approx_kl")}
 
 
 def judged_policy(run_dir: str, folder: str | None = None, name: str = "policy.json") -> dict:
-    """ablation.judge_policy of folder (default: the run's final policy), cached in run_dir/name."""
+    """common.judge_policy of folder (default: the run's final policy), cached in run_dir/name."""
     path = os.path.join(run_dir, name)
     if not os.path.exists(path):
-        os.makedirs(run_dir, exist_ok=True)
-        figures = ablation.judge_policy(folder or os.path.join(run_dir, "checkpoint", "policy"))
-        with open(path, "w") as fh:
-            json.dump(figures, fh, indent=1)
-    with open(path) as fh:
-        return json.load(fh)
+        common.write_json(path, common.judge_policy(folder or os.path.join(run_dir, "checkpoint", "policy")))
+    return common.read_json(path)
 
 
 def verdict(run: dict, policy: dict, base_policy: dict) -> dict:
@@ -96,28 +78,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
-    ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "long-seeds"))
+    ap.add_argument("--out", default=os.path.join(common.ROOT, "runs", "long-seeds"))
     ap.add_argument("extra", nargs="*", help="options passed on to vapo.py (after --)")
     args = ap.parse_args()
     dirs = {s: os.path.join(args.out, f"seed{s}") for s in args.seeds}
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda s: demo_seeds.run_vapo(f"seed {s}", ["--preset", "long", "--seed", str(s),
-                                                                  "--output-dir", dirs[s], *args.extra], dirs[s]),
+        list(pool.map(lambda s: common.run_vapo(f"seed {s}", ["--preset", "long", "--seed", str(s),
+                                                              "--output-dir", dirs[s], *args.extra], dirs[s]),
                       args.seeds))
-    base_policy = judged_policy(args.out, critic_bias.folder_of("builtin-long"), "base_policy.json")
+    base_policy = judged_policy(args.out, common.folder_of("builtin-long"), "base_policy.json")
     results = []
     for s, d in dirs.items():
-        if not demo_seeds.finished(d):
+        if not common.finished(d):
             print(f"seed {s}: not finished, left out ({d}/stdout.log)")
             continue
         run = run_figures(d)
         policy = judged_policy(d)
         results.append({"seed": s, "run": run, "policy": policy, "verdict": verdict(run, policy, base_policy)})
-    report = (f"`python vapo.py --preset long --seed S {' '.join(args.extra)}`; {demo_seeds.machine()}, "
-              f"{datetime.date.today().isoformat()}. Misreads and first errors: the final policies on "
-              f"{ablation.POLICY_PROBLEMS} held-out problems (ablation.judge_policy).\n\n" + table(results, base_policy))
-    with open(os.path.join(args.out, "results.json"), "w") as fh:
-        json.dump({"base_policy": base_policy, "runs": results}, fh, indent=1)
+    report = (f"`python vapo.py --preset long --seed S {' '.join(args.extra)}`; {common.machine()}, "
+              f"{common.now()}. Misreads and first errors: the final policies on "
+              f"{common.POLICY_PROBLEMS} held-out problems (common.judge_policy).\n\n" + table(results, base_policy))
+    common.write_json(os.path.join(args.out, "results.json"), {"base_policy": base_policy, "runs": results})
     with open(os.path.join(args.out, "results.md"), "w") as fh:
         fh.write(report)
     print(report)

@@ -41,15 +41,17 @@ the points whose validation misread rate is at most the base model's plus 2 poin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import demo_seeds  # noqa: E402  (bench/demo_seeds.py: run_vapo, finished, machine)
+import torch
+
+import common  # (puts the repository on the path)
+import data
+import task
+from config import stream
+from models import load_policy
 
 SEEDS = (0, 1, 2)
 VALIDATION_PROBLEMS = 256
@@ -76,9 +78,6 @@ PRESET_NOW = f"{PRESET_POINT}+mu3"  # --preset long since tier 4: the point its 
 
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:
     """The expressions a run with this seed and config drew (its RL steps and its value pretraining)."""
-    import data
-    import task
-    from config import stream
     rows = task.make_dataset(20000, stream(seed, "builtin_rows"), task.LONG.min_steps, task.LONG.max_steps,
                              split="train")
     n, rl, pretrain = cfg["prompts_per_step"], stream(seed, "rl_prompts"), stream(seed, "pretrain_prompts")
@@ -89,7 +88,6 @@ def drawn_prompts(seed: int, cfg: dict) -> set[str]:
 
 def validation_rows(exclude: set[str]) -> list[dict]:
     """VALIDATION_PROBLEMS train-split problems (all step counts equally) whose expressions are not in exclude."""
-    import task
     pool = task.make_dataset(4 * VALIDATION_PROBLEMS, VALIDATION_SEED, task.LONG.min_steps, task.LONG.max_steps,
                              split="train")
     rows = [p for p in pool if p["expr"] not in exclude][:VALIDATION_PROBLEMS]
@@ -99,9 +97,6 @@ def validation_rows(exclude: set[str]) -> list[dict]:
 
 def judge(folder: str, rows: list[dict]) -> dict:
     """Greedy and sampled accuracy and step-error rates of the policy in folder on rows."""
-    import torch
-    import task
-    from models import load_policy
     model, tokenizer = load_policy(folder, dtype=torch.float32)
     torch.manual_seed(0)
     out = {}
@@ -117,13 +112,9 @@ def judge(folder: str, rows: list[dict]) -> dict:
 
 def run_figures(run_dir: str) -> dict:
     """Means over the RL steps of the clipped shares at each bound and the approximate KL (metrics.jsonl)."""
-    steps = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    steps = [r for r in steps if "train_acc" in r and "step" in r]
-
-    def mean(key):
-        vals = [r[key] for r in steps if key in r]
-        return statistics.fmean(vals) if vals else None
-    return {k: mean(k) for k in ("clip_frac_low", "clip_frac_high", "approx_kl", "explained_variance")}
+    steps = common.rl_steps(common.read_records(run_dir))
+    return {k: common.mean_of(steps, k) for k in ("clip_frac_low", "clip_frac_high", "approx_kl",
+                                                  "explained_variance")}
 
 
 def judged(out: str, name: str, seed: int, args: list[str]) -> dict | None:
@@ -131,16 +122,16 @@ def judged(out: str, name: str, seed: int, args: list[str]) -> dict | None:
     run_dir = os.path.join(out, f"{name}-s{seed}")
     path = os.path.join(run_dir, "validation.json")
     if os.path.exists(path):
-        return json.load(open(path))
-    demo_seeds.run_vapo(f"{name} seed {seed}", [*TRAIN_ARGS, "--seed", str(seed), *args, "--output-dir", run_dir],
-                        run_dir)
-    if not demo_seeds.finished(run_dir):
+        return common.read_json(path)
+    common.run_vapo(f"{name} seed {seed}", [*TRAIN_ARGS, "--seed", str(seed), *args, "--output-dir", run_dir],
+                    run_dir)
+    if not common.finished(run_dir):
         return None
-    cfg = json.load(open(os.path.join(run_dir, "config.json")))
+    cfg = common.read_json(os.path.join(run_dir, "config.json"))
     result = {"point": name, "seed": seed, "args": args,
               "validation": judge(os.path.join(run_dir, "checkpoint", "policy"), validation_rows(drawn_prompts(seed, cfg))),
               "run": run_figures(run_dir)}
-    json.dump(result, open(path, "w"), indent=1)
+    common.write_json(path, result)
     return result
 
 
@@ -148,12 +139,9 @@ def base_judgement(out: str) -> dict:
     """The base model on the validation split (less seed 0's drawn prompts, as its runs'), cached."""
     path = os.path.join(out, "base.json")
     if not os.path.exists(path):
-        import critic_bias
         cfg = {"prompts_per_step": 8, "steps": 40, "value_pretrain_steps": 20}
-        os.makedirs(out, exist_ok=True)
-        json.dump(judge(critic_bias.folder_of("builtin-long"), validation_rows(drawn_prompts(0, cfg))),
-                  open(path, "w"), indent=1)
-    return json.load(open(path))
+        common.write_json(path, judge(common.folder_of("builtin-long"), validation_rows(drawn_prompts(0, cfg))))
+    return common.read_json(path)
 
 
 def pick(results: list[dict], base: dict) -> str:
@@ -172,8 +160,8 @@ def table(results: list[dict], base: dict) -> str:
         vals = [v for v in vals if v is not None]
         if not vals:
             return "-"
-        m = statistics.fmean(vals) * (100 if pct else 1)
-        s = (statistics.stdev(vals) * (100 if pct else 1)) if len(vals) > 1 else None
+        m, s = (x * (100 if pct else 1) for x in common.mean_sd(vals))
+        s = s if len(vals) > 1 else None
         text = f"{m:.{digits}f}" if pct else f"{m:.2g}"
         return text if s is None else text + (f" +- {s:.{digits}f}" if pct else f" +- {s:.1g}")
     head = ("| point | seeds | greedy % | avg@2 % | misread % (greedy) | misread % (sampled) | habit % (sampled) "
@@ -217,7 +205,7 @@ def main():
     parser.add_argument("--report", action="store_true", help="only the table of the finished runs")
     args = parser.parse_args()
     base = base_judgement(args.out)
-    done = lambda: [json.load(open(os.path.join(args.out, d, "validation.json")))  # noqa: E731
+    done = lambda: [common.read_json(os.path.join(args.out, d, "validation.json"))  # noqa: E731
                     for d in sorted(os.listdir(args.out)) if os.path.exists(os.path.join(args.out, d, "validation.json"))]
     if not args.report:
         if args.tier == 1:
@@ -236,7 +224,7 @@ def main():
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(lambda j: judged(args.out, *j), jobs))
     report = (f"Validation split: {VALIDATION_PROBLEMS} train-split problems (seed {VALIDATION_SEED}), "
-              f"greedy and avg@{VALIDATION_SAMPLES}; {demo_seeds.machine()}\n\n" + table(done(), base))
+              f"greedy and avg@{VALIDATION_SAMPLES}; {common.machine()}\n\n" + table(done(), base))
     open(os.path.join(args.out, "study.md"), "w").write(report)
     print(report)
 

@@ -11,7 +11,7 @@ during the update):
   forward and backward through rollout.response_logprobs (float32 logits of the response positions) with a
   token-mean loss, then the critic's through rollout.response_values with a squared error; the larger peak.
 - sampling: the last decode step of 512 rows (64 prompts x 8) whose KV cache holds 2,299 tokens, in the sampler's
-  own cache (rollout.PreallocatedLayer: every column allocated at the start, bf16 under --bf16).
+  own cache (sampler.PreallocatedLayer: every column allocated at the start, bf16 under --bf16).
 - evaluation: the same for one pass of an evaluation (vapo.evaluate: 64 prompts x 8 = 512 rows, the bound), and
   for all 200 held-out prompts x 8 in one pass (1,600 rows: what evaluation held before it was bounded).
 What this leaves out: the allocator's fragmentation and caching, kernels' workspaces (a fused attention's), CUDA
@@ -21,23 +21,17 @@ context and NCCL buffers, and CUDA's autocast op policy (CPU's is used; both run
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import sys
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import AutoModelForTokenClassification, Qwen2ForCausalLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import demo_seeds  # noqa: E402  (machine())
-import qwen_proxy  # noqa: E402
-from models import set_gradient_checkpointing  # noqa: E402
-from rollout import Rollout, preallocated_cache, response_logprobs, response_values  # noqa: E402
+import common  # (puts the repository on the path)
+from models import set_gradient_checkpointing
+from rollout import Rollout, response_logprobs, response_values
+from sampler import preallocated_cache
 
 GB = 1e9
 AMP = dict(device_type="cpu", dtype=torch.bfloat16)
@@ -45,9 +39,9 @@ AMP = dict(device_type="cpu", dtype=torch.bfloat16)
 
 def models(layers: int):
     """(policy, critic, their AdamW optimizers): float32, gradient checkpointing, train mode."""
-    config = qwen_proxy.config(layers)
+    config = common.qwen_config(layers)
     policy = set_gradient_checkpointing(Qwen2ForCausalLM(config), True).train()
-    value_config = qwen_proxy.config(layers, num_labels=1, classifier_dropout=0.0)
+    value_config = common.qwen_config(layers, num_labels=1, classifier_dropout=0.0)
     critic = set_gradient_checkpointing(AutoModelForTokenClassification.from_config(value_config), True).train()
     return policy, critic, [torch.optim.AdamW(m.parameters(), lr=1e-6) for m in (policy, critic)]
 
@@ -111,7 +105,7 @@ def measure_decode(layers: int, rows: int, cached: int) -> dict:
 
     def step():
         with torch.no_grad(), torch.autocast(**AMP):
-            # the sampler's cache (rollout.sample): preallocated for every column, in the autocast dtype
+            # the sampler's cache (sampler.sample): preallocated for every column, in the autocast dtype
             cache = preallocated_cache(policy, cached + 1, AMP["dtype"])
             for layer in range(config.num_hidden_layers):
                 kv = torch.zeros(rows, config.num_key_value_heads, cached, head_dim, dtype=AMP["dtype"])
@@ -129,7 +123,7 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true", help="also: fake against real tensors at 2 layers")
     parser.add_argument("--out", default="memory_measured.json")
     args = parser.parse_args(argv)
-    report = {"machine": demo_seeds.machine(), "date": datetime.datetime.now().isoformat(timespec="minutes"),
+    report = {"machine": common.machine(), "date": common.now(),
               "layers": args.layers, "torch": torch.__version__}
     with FakeTensorMode():
         report["update_4x2300"] = measure_update(args.layers, 4, 252, 2048)
@@ -142,8 +136,7 @@ def main(argv=None):
         torch.manual_seed(0)
         real = measure_update(2, 2, 64, 192)
         report["check_2_layers_2x256"] = {"fake": fake, "real": real, "equal": fake == real}
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(args.out, report)
     print(f"machine: {report['machine']}\ndate: {report['date']}\nQwen2.5-0.5B shape at {args.layers} layers, "
           f"bf16 autocast, gradient checkpointing, float32 weights; GB = 1e9 bytes, peak of tracked tensors")
     for name in ("update_4x2300", "sampling_512x2300", "evaluation_unbounded_1600x2300"):

@@ -1,5 +1,5 @@
 """The one-GPU path at its real size, on a CPU: `python vapo.py --preset gpu-0.5b` on a Qwen2.5-0.5B-shaped model of
-random weights (bench/qwen_proxy.py: 494M parameters at 24 layers, Qwen2.5's vocabulary and special ids, the chat
+random weights (common.build_qwen_folder: 494M parameters at 24 layers, Qwen2.5's vocabulary and special ids, the chat
 template, the instruct model's EOS), small batches, a GSM8K-form file: value pretraining, rollout, math reward,
 update, checkpoint, then --resume for one more step. Float32 (--no-bf16): bf16 is emulated on many CPUs.
 
@@ -12,7 +12,6 @@ step (from metrics.jsonl) and the checkpoint's size; writes them as JSON. tests/
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -22,17 +21,14 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-import demo_seeds  # noqa: E402  (machine())
-import qwen_proxy  # noqa: E402
+import common  # (puts the repository on the path)
 
 
 def run(cmd: list[str], env: dict) -> dict:
     """One command's wall time and the peak resident memory of the largest child process so far (GB: getrusage
     keeps one maximum over all children, so a later command's figure is never below an earlier one's)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return {"command": " ".join(cmd[1:]), "wall_s": round(time.perf_counter() - t0, 1),
@@ -52,11 +48,11 @@ def main(argv=None):
     try:
         model, out = os.path.join(work, "model"), os.path.join(work, "run")
         t0 = time.perf_counter()
-        params = qwen_proxy.build_folder(model, layers=args.layers)
+        params = common.build_qwen_folder(model, layers=args.layers)
         build_s = time.perf_counter() - t0
         data = os.path.join(work, "train.jsonl")
         with open(data, "w") as fh:
-            fh.writelines(json.dumps({"question": q, "answer": a}) + "\n" for q, a in qwen_proxy.GSM8K_ROWS)
+            fh.writelines(json.dumps({"question": q, "answer": a}) + "\n" for q, a in common.GSM8K_ROWS)
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         common = ["--no-bf16", "--device", "cpu", "--reward-workers", "1"]
         first = run([sys.executable, "vapo.py", "--model", model, "--dataset", data, "--eval-dataset", data,
@@ -65,18 +61,17 @@ def main(argv=None):
                      "--value-pretrain-steps", "1", "--eval-prompts", "2", "--eval-samples", "2", *common,
                      "--output-dir", out], env)
         second = run([sys.executable, "vapo.py", "--resume", out, "--steps", "2"], env)
-        records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        records = common.read_records(out)
         steps = [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
                   if k == "step" or k.startswith("time/") or k in ("response_len", "reward_mean")}
                  for r in records if "samples_generated" in r]
-        report = {"machine": demo_seeds.machine(), "date": datetime.datetime.now().isoformat(timespec="minutes"),
+        report = {"machine": common.machine(), "date": common.now(),
                   "layers": args.layers, "parameters": params, "build_s": round(build_s, 1),
                   "runs": [first, second], "steps": steps,
                   "checkpoint_gb": folder_gb(os.path.join(out, "checkpoint"))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(args.out, report)
     print(f"machine: {report['machine']}\ndate: {report['date']}\n"
           f"model: {params:,} parameters ({args.layers} layers, Qwen2.5-0.5B's widths and vocabulary), built in "
           f"{report['build_s']} s; checkpoint {report['checkpoint_gb']} GB")

@@ -22,7 +22,6 @@ VLLM_CPU_KVCACHE_SPACE GB per engine, 1 by default here, and counts in the setup
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -134,10 +133,9 @@ def main(argv=None):
     if args.probe:
         return probe(args.probe, args.code, [a for a in rest if a != "--"])
 
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import demo_seeds  # machine()
+    import common  # here, not at the top: a --probe rank runs this file and must import --code's modules, not ours
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    report = {"machine": demo_seeds.machine(), "date": datetime.datetime.now().isoformat(timespec="minutes"),
+    report = {"machine": common.machine(), "date": common.now(),
               "code": os.path.abspath(args.code), "engine": args.engine, "world_size": 2, "sizes": {}}
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=args.code)
     with tempfile.TemporaryDirectory(prefix="sharded_memory-") as work:
@@ -171,8 +169,7 @@ def main(argv=None):
                               "step_gb": round(step, 3), "step_copies": round(step / copy_gb, 2)})
             report["sizes"][str(millions)] = {"params": params, "full_float32_copy_gb": round(copy_gb, 3),
                                               "ranks": ranks, "arithmetic": arithmetic(params, 2, args.engine)}
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(args.out, report)
     print(f"machine: {report['machine']}\ndate: {report['date']}\ncode: {report['code']}\nengine: {args.engine}, "
           f"2 processes; growth over each rank's baseline resident set; a copy = 4 bytes x the policy's parameters")
     print("| size | params | one copy | rank | setup peak | step peak | arithmetic setup / step |")

@@ -15,7 +15,6 @@ exit code; writes soak.json (with every RSS sample) and soak.png (RSS against st
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -23,8 +22,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import demo_seeds  # noqa: E402  (machine(), one_thread_env(), the repository root)
+import common  # (puts the repository on the path)
+from vapo import UNDEFINED_AS_NAN
 
 WINDOW = 50  # steps per window whose median RSS is compared
 
@@ -59,7 +58,6 @@ def logged_step(metrics_path: str) -> int:
 def non_finite(metrics_path: str) -> list[str]:
     """'line N: key' for every logged number that is nan or infinite, except vapo.UNDEFINED_AS_NAN (NaN when
     undefined, by design)."""
-    from vapo import UNDEFINED_AS_NAN
     bad = []
     with open(metrics_path) as fh:
         for number, line in enumerate(fh, 1):
@@ -78,7 +76,7 @@ def main():
     ap.add_argument("--full-batch", action="store_true", help="the demo's 16 prompts x 8 samples per step")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the run (one: the tiny model runs fastest so on a shared machine)")
-    ap.add_argument("--out", default=os.path.join(demo_seeds.ROOT, "runs", "soak"))
+    ap.add_argument("--out", default=os.path.join(common.ROOT, "runs", "soak"))
     ap.add_argument("--report", metavar="SOAK_JSON", help="only print the verdict of an earlier run's soak.json")
     args = ap.parse_args()
     if args.report:
@@ -90,14 +88,14 @@ def main():
         cmd += ["--prompts-per-step", "4", "--samples-per-prompt", "4", "--mini-batch-size", "16",
                 "--micro-batch-size", "16", "--eval-prompts", "100", "--eval-samples", "2"]
     os.makedirs(args.out, exist_ok=True)
-    env = {**demo_seeds.one_thread_env(), "OMP_NUM_THREADS": str(args.threads)}
-    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    print(f"machine: {demo_seeds.machine()}\ndate: {started}\n{' '.join(cmd)}", flush=True)
+    env = common.thread_env(args.threads)
+    started, machine = common.now(), common.machine()
+    print(f"machine: {machine}\ndate: {started}\n{' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     metrics = os.path.join(run_dir, "metrics.jsonl")
     samples = []  # (seconds, step, rss MiB)
     with open(os.path.join(args.out, "stdout.log"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=demo_seeds.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         last_print = 0.0
         while proc.poll() is None:
             rss = rss_mb(proc.pid)
@@ -109,11 +107,10 @@ def main():
             time.sleep(0.5)
     wall = time.perf_counter() - t0
 
-    result = {"machine": demo_seeds.machine(), "date": started, "command": " ".join(cmd), "exit_code": proc.returncode,
+    result = {"machine": machine, "date": started, "command": " ".join(cmd), "exit_code": proc.returncode,
               "steps_logged": logged_step(metrics), "wall_seconds": round(wall),
               "non_finite": non_finite(metrics) if os.path.exists(metrics) else ["no metrics.jsonl"]}
-    with open(os.path.join(args.out, "soak.json"), "w") as fh:
-        json.dump({**result, "samples": samples}, fh)
+    common.write_json(os.path.join(args.out, "soak.json"), {**result, "samples": samples}, indent=None)
     report(os.path.join(args.out, "soak.json"), args.warmup, args.steps)
 
 
@@ -129,8 +126,7 @@ def report(path: str, warmup: int, steps: int):
     Memory is compared as the median RSS over a window of WINDOW steps after warm-up against the median over the
     last WINDOW steps: single readings swing by +-10% as the allocator reuses and returns memory of tensors of
     varying sizes, the medians of windows do not."""
-    with open(path) as fh:
-        result = json.load(fh)
+    result = common.read_json(path)
     samples, final_step = result["samples"], result["steps_logged"]
     base = window_median(samples, warmup, warmup + WINDOW)
     end = window_median(samples, final_step - WINDOW, final_step)

@@ -32,7 +32,7 @@ Contenders, each one run = one fresh process, `--steps` timed rollouts after one
 - `grpo-recompute`, `vapo-recompute` (only when named in `--contenders`): the same with `--old-logprobs
   recompute`, the policy's scoring pass that TRL also makes, to show what taking the sampler's log-probs saves.
 
-What is the same for all three: the shipped base model (task.ensure_base_model(), loaded in float32 by
+What is the same for all three: the shipped base model (builds.ensure_base_model(), loaded in float32 by
 models.load_policy), the demo's prompts in the same order (data.prompt_batch of RL step s: the TRL worker checks
 that the prompts its reward function sees are those), 16 prompts x 8 samples per rollout, at most 128 new tokens,
 temperature 1.0, top_p 1, no top-k, min-p or repetition penalty, two optimizer steps per rollout (mini-batches of
@@ -83,7 +83,7 @@ Writes into --out (a folder; an earlier run there is replaced only with --overwr
 
 What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
 --eval-every-samples 1280`):
-- the base model (task.shipped_model(cfg.model), float32), the training rows and their order (data.load_data and
+- the base model (builds.shipped_model(cfg.model), float32), the training rows and their order (data.load_data and
   data.prompt_batch, as vapo.py draws them for --seed: the reward function checks every rollout's prompts);
 - the shapes: P prompts x G samples per rollout, at most max_new_tokens new tokens, temperature and top_p of the
   preset (long: 8 x 8, 448, 1.0, 1.0), mini-batches of 4 in micro-batches of 4, so 16 optimizer steps a rollout
@@ -93,7 +93,7 @@ What is the same as the sweep's runs (`python vapo.py --preset long --seed S --m
   as optimizers= (TRL's own constant_with_warmup would start at lr 0); gradient clipping at max_grad_norm (1.0);
 - the reward: this project's verifier (run.verifier_for), +1 / -1, no overlong shaping;
 - the evaluation: vapo.evaluate(engine, held_out, cfg, verifier) with the engine vapo.py makes
-  (rollout.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
+  (engines.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
   preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: greedy on 1,100
   prompts, avg@2 at temperature 1.0 and top-p 1.0 on the first 550, in passes of 110) and its fixed sampling seed: at 0 samples the figures
   are those of the sweep's runs of the same seed, bit for bit on the same machine;
@@ -116,7 +116,7 @@ What differs (TRL's algorithm and sampler are its own):
 from __future__ import annotations
 
 import argparse
-import datetime
+import dataclasses
 import importlib
 import json
 import os
@@ -127,9 +127,18 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+import torch
+import transformers
+
+import common  # (puts the repository on the path)
+import builds
+import config
+import data
+import engines
+import vapo
+from common import ROOT, SWEEPS
+from models import load_policy
+from run import verifier_for
 
 CONTENDERS = ("trl", "grpo", "vapo", "grpo-recompute", "vapo-recompute")  # the last two: on request
 INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
@@ -151,8 +160,6 @@ SHAPE_KEYS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_
 
 def demo_config(tiny: bool):
     """The vapo.Config of the timing mode: the demo preset's (or --tiny's) shapes and sampling settings."""
-    import config
-    import vapo
     return vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
 
 
@@ -164,10 +171,9 @@ def shapes(tiny: bool) -> dict:
 
 def step_prompts(cfg, steps: int) -> list[list[dict]]:
     """The rows of RL steps 0 .. steps-1 of a run of cfg (a vapo.Config), as vapo.py draws them (data.load_data's
-    training rows, data.prompt_batch)."""
-    import data
+    training rows, vapo.step_prompts)."""
     rows, _ = data.load_data(cfg, None)  # the built-in task needs no tokenizer
-    return [data.prompt_batch(rows, s, cfg.prompts_per_rollout, cfg.seed) for s in range(steps)]
+    return [vapo.step_prompts(rows, s, cfg) for s in range(steps)]
 
 
 def grpo_config(trl, shape: dict, out_dir: str, rollouts: int, loss_type: str = "dapo"):
@@ -204,13 +210,6 @@ def verifier_reward(verifier, expected: list[list[str]], generations: list[dict]
     return verifier_reward
 
 
-def child_env(threads: int) -> dict:
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    if threads > 0:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
-
-
 def missing_trl(learn: bool = False) -> str | None:
     """None when TRL imports, else the message that says how to install it (learn: for --learn, which has no
     contender without TRL)."""
@@ -242,12 +241,11 @@ def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
     if name.endswith("-recompute"):
         cmd += ["--old-logprobs", "recompute"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=common.thread_env(args.threads), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"vs_trl: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as fh:
-        records = [r for r in map(json.loads, filter(str.strip, fh)) if "step" in r and "time/step" in r]
+    records = [r for r in common.read_records(out) if "step" in r and "time/step" in r]
     rollouts, previous = [], None
     for r in sorted(records, key=lambda r: r["step"]):
         seconds = r["time/elapsed"] - previous if previous is not None else r["time/step"]
@@ -269,12 +267,11 @@ def run_trl(shape: dict, args, workdir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "trl", "--worker-out", result,
            "--steps", str(args.steps)] + (["--tiny"] if args.tiny else [])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=common.thread_env(args.threads), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"vs_trl: the TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    with open(result) as fh:
-        report = json.load(fh)
+    report = common.read_json(result)
     return {"command": " ".join(cmd[1:]), "process_wall_s": wall, **report}
 
 
@@ -283,15 +280,9 @@ def trl_worker(args):
     message = missing_trl()
     if message:
         raise SystemExit(message)
-    import datasets
-    import torch
-    import transformers
-    import trl
+    import datasets  # here: only TRL's runs need it
+    import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
     from trl.extras import profiling
-
-    import task
-    from models import load_policy
-    from run import verifier_for
 
     cfg = demo_config(args.tiny)
     shape = shapes(args.tiny)
@@ -301,7 +292,7 @@ def trl_worker(args):
     per_rollout = step_prompts(cfg, rollouts_n)
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
                                           for rows in per_rollout for r in rows])
-    policy, tokenizer = load_policy(task.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
+    policy, tokenizer = load_policy(builds.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
 
     generations: list[dict] = []  # per reward call (one per rollout): the tokens, samples, prompts seen
     reward_fn = verifier_reward(verifier_for(cfg), [[r["prompt"] for r in rows] for rows in per_rollout],
@@ -324,8 +315,8 @@ def trl_worker(args):
 
     mini = shape["mini_batch_size"]
     out_dir = tempfile.mkdtemp(prefix="vs_trl-")
-    config = grpo_config(trl, shape, out_dir, rollouts_n)
-    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=config, train_dataset=dataset,
+    grpo = grpo_config(trl, shape, out_dir, rollouts_n)
+    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
     try:
         trainer.train()
@@ -353,8 +344,7 @@ def trl_worker(args):
     report = {"rollouts": rollouts, "trl": trl.__version__, "threads": torch.get_num_threads(),
               "optimizer_steps_per_rollout": per,
               "trl_logged_mean_length": [h["completions/mean_length"] for h in logged]}
-    with open(args.worker_out, "w") as fh:
-        json.dump(report, fh)
+    common.write_json(args.worker_out, report, indent=None)
 
 
 # --- summary --------------------------------------------------------------------------------------------------
@@ -435,10 +425,7 @@ LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that
 def learn_config(preset: str, seed: int, tiny: bool):
     """The vapo.Config whose shapes, optimizer, data and evaluation a --learn run shares with the sweep's runs of
     `bench/ablation.py --preset preset` (the preset, the sweep's evaluation options, --seed), validated."""
-    import ablation
-    import config
-    import vapo
-    sweep = ablation.SWEEPS[preset]
+    sweep = SWEEPS[preset]
     evaluation = {k: sweep[k] for k in ("eval_prompts", "eval_samples") if sweep[k] is not None}
     return vapo.Config(**{**config.PRESETS[preset], **evaluation, "seed": seed,
                           **(LEARN_TINY if tiny else {})}).validate()
@@ -447,8 +434,7 @@ def learn_config(preset: str, seed: int, tiny: bool):
 def learn_plan(cfg, preset: str, tiny: bool) -> dict:
     """{"rollouts", "budget" (generated samples), "eval_every" (samples)}: the sweep's (bench/ablation.py: its
     steps x the batch, evaluated `evaluations` times along it, as its --eval-every-samples), or --tiny's."""
-    import ablation
-    sweep = ablation.SWEEPS[preset]
+    sweep = SWEEPS[preset]
     rollouts = LEARN_TINY_ROLLOUTS if tiny else sweep["steps"]
     budget = rollouts * cfg.batch_size
     return {"rollouts": rollouts, "budget": budget,
@@ -520,20 +506,8 @@ def trl_learn(args):
     message = missing_trl(learn=True)
     if message:
         raise SystemExit(message)
-    import dataclasses
-
-    import datasets
-    import torch
-    import transformers
-    import trl
-
-    import data
-    import demo_seeds
-    import rollout
-    import task
-    import vapo
-    from models import load_policy
-    from run import verifier_for
+    import datasets  # here: only TRL's runs need it
+    import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -543,8 +517,7 @@ def trl_learn(args):
     shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
     per = cfg.batch_size // cfg.mini_batch_size  # optimizer steps (trainer steps) per rollout
     k = f"avg@{cfg.eval_samples}"
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    machine = demo_seeds.machine()
+    started, machine = common.now(), common.machine()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
     print(f"machine: {machine}\ndate: {started}; {torch.get_num_threads()} torch threads; "
           + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
@@ -556,17 +529,17 @@ def trl_learn(args):
           f"{per} optimizer steps each; {plan['budget']} samples, evaluated ({cfg.eval_prompts} held-out prompts, "
           f"{k} and greedy) at 0 and every {plan['eval_every']}; into {folder}", flush=True)
 
-    policy, tokenizer = load_policy(task.shipped_model(cfg.model), dtype=torch.float32, device=torch.device("cpu"))
+    policy, tokenizer = load_policy(builds.shipped_model(cfg.model), dtype=torch.float32, device=torch.device("cpu"))
     rows, held_out = data.load_data(cfg, tokenizer)
     verifier = verifier_for(cfg)
     data.check_gold_answers(held_out, verifier)
-    per_rollout = [data.prompt_batch(rows, s, cfg.prompts_per_rollout, cfg.seed) for s in range(plan["rollouts"])]
+    per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(plan["rollouts"])]
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
                                           for step_rows in per_rollout for r in step_rows])
     generations: list[dict] = []
     reward_fn = verifier_reward(verifier, [[r["prompt"] for r in step_rows] for step_rows in per_rollout],
                                 generations)
-    engine = rollout.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
+    engine = engines.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
     records = Records(folder)
     clock = {"samples": 0, "last": 0.0}  # samples generated so far; perf_counter at the end of the last record
 
@@ -624,15 +597,13 @@ def trl_learn(args):
                 "optimizer": "vapo.make_optimizer (torch AdamW, linear warmup then constant)",
                 "grpo_config": json.loads(json.dumps(grpo.to_dict(), default=str)),
                 "vapo_config": dataclasses.asdict(cfg)}
-    with open(os.path.join(folder, "config.json"), "w") as fh:
-        json.dump(settings, fh, indent=1)
+    common.write_json(os.path.join(folder, "config.json"), settings)
     t0 = time.perf_counter()
     try:
         trainer.train()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        with open(os.path.join(folder, "trl_log_history.json"), "w") as fh:
-            json.dump(trainer.state.log_history, fh, indent=1)
+        common.write_json(os.path.join(folder, "trl_log_history.json"), trainer.state.log_history)
     wall = time.perf_counter() - t0
     if len(generations) != plan["rollouts"]:
         raise SystemExit(f"vs_trl: TRL ran {len(generations)} rollouts, expected {plan['rollouts']}")
@@ -645,8 +616,7 @@ def trl_learn(args):
               "base": records.evals[0][f"eval/acc_{k}"], "gains": gains,
               "evaluations": [{"samples": e["samples_generated_total"], "seconds": e["time/elapsed"],
                                k: e[f"eval/acc_{k}"], "greedy": e["eval/acc_greedy"]} for e in records.evals]}
-    with open(os.path.join(folder, "learn.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(os.path.join(folder, "learn.json"), report)
     print(f"\n{wall:.0f} s of training in all (evaluations included); median {report['s_per_rollout']:.2f} s a "
           f"rollout (evaluations left out)\n\n| held-out {k} gain | reached after (samples) | time/elapsed (s) |\n"
           f"|---|---|---|")
@@ -720,12 +690,7 @@ def main(argv=None):
             raise SystemExit(message)
     contenders = list(dict.fromkeys(args.contenders))
 
-    import demo_seeds
-    import task
-    import torch
-    import transformers
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    machine = demo_seeds.machine()
+    started, machine = common.now(), common.machine()
     threads = args.threads or torch.get_num_threads()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     if "trl" in contenders:
@@ -736,7 +701,7 @@ def main(argv=None):
     print(f"machine: {machine}\ndate: {started}; {threads} torch threads per contender "
           f"({'--threads' if args.threads else 'torch default'}); "
           + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
-    task.ensure_base_model()  # built (if a checkout lacks it) once, before the runs
+    builds.ensure_base_model()  # built (if a checkout lacks it) once, before the runs
     shape = shapes(args.tiny)
     print(f"{args.repeats} repetitions of {' '.join(contenders)}, each run 1 warm-up + {args.steps} timed rollouts of "
           f"{shape['prompts_per_step']} prompts x {shape['samples_per_prompt']} samples, <= "
@@ -772,9 +737,7 @@ def main(argv=None):
     report = {"machine": machine, "date": started, "threads": threads, "versions": versions, "args": vars(args),
               "shape": shape, "commands": {c: COMMANDS[c] for c in contenders}, "targets": TARGETS,
               "summary": summary, "runs": runs}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    common.write_json(args.out, report)
     print(f"\nwrote {args.out}")
 
 

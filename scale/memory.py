@@ -17,7 +17,7 @@ What a process of scale/train.py holds (FSDP2, float32 master weights, bf16 comp
   with tensor-parallel engines of K processes (--vllm-tp K); both must fit the share of the GPU it is given
   (--vllm-memory, vLLM's gpu_memory_utilization: vLLM refuses to start when its weights leave no room for KV
   blocks), so the tables give the share each engine needs;
-  a weight sync: torch's cache emptied (rollout.VLLMEngine.load_weights does it before each wake-up), the engine's
+  a weight sync: torch's cache emptied (engines.VLLMEngine.load_weights does it before each wake-up), the engine's
   weights woken, and one full tensor at a time gathered in the engine's bf16 (cast on each shard first);
   at setup, only the float32 shards (each process reads its own rows of the weights' files) and then the engine.
 Estimates, not measurements: allocator slack, NCCL buffers and CUDA context (1-3 GB) come on top.

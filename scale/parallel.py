@@ -223,7 +223,7 @@ class Sharded(SingleProcess):
             tokenizer, config = load_tokenizer(folder), AutoConfig.from_pretrained(folder)
         policy = self._load_sharded(AutoModelForCausalLM, config, folder, cfg.gradient_checkpointing)
         if os.path.exists(os.path.join(folder, "generation_config.json")):  # from_config never reads it
-            # the stop tokens of an instruct model (<|im_end|> and <|endoftext|>): what rollout.eos_token_ids reads
+            # the stop tokens of an instruct model (<|im_end|> and <|endoftext|>): what engines.eos_token_ids reads
             # and save_pretrained writes back, as from_pretrained gives them in one process
             policy.generation_config = GenerationConfig.from_pretrained(folder)
         critic = None

@@ -38,9 +38,11 @@ def gather_rows(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def step_zero(micro: int) -> dict:
+    from builds import ensure_base_model
+    from engines import HFEngine
     from reward import arith_reward, score_batch
-    from rollout import HFEngine, score_rollout
-    from task import ensure_base_model, make_dataset
+    from rollout import score_rollout
+    from task import make_dataset
     P = vapo.parallel
     cfg = vapo.Config(model="builtin", dataset="builtin", prompts_per_step=4, samples_per_prompt=4,
                       mini_batch_size=16, micro_batch_size=micro, max_new_tokens=32, actor_lr=1e-3, critic_lr=1e-3,

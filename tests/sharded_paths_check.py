@@ -4,7 +4,7 @@
 
 MODEL_FOLDER holds a tiny policy whose generation_config.json lists a second stop token (as an instruct model's
 <|im_end|> beside <|endoftext|>). Rank 0 writes OUT.json: the stop tokens the sharded policy ended up with and what
-rollout.eos_token_ids reads from it; what a sync to a bf16 engine gathered (the dtype of every DTensor gathered,
+engines.eos_token_ids reads from it; what a sync to a bf16 engine gathered (the dtype of every DTensor gathered,
 the names given, whether each equals the float32 weight cast to bf16); and what a sharded save_pretrained wrote
 (the generation config's stop tokens, the weights' dtypes).
 """
@@ -20,7 +20,7 @@ import torch.distributed as dist  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-import rollout  # noqa: E402
+import engines  # noqa: E402
 import vapo  # noqa: E402
 from scale.parallel import Sharded  # noqa: E402
 
@@ -31,7 +31,7 @@ def main(folder: str, out: str):
     cfg = vapo.Config(model=folder, group_advantage=True, value_pretraining=False, device="cpu")
     policy, _, tokenizer = parallel.load_models(cfg, torch.device("cpu"), folder)
     report = {"generation_eos": policy.generation_config.eos_token_id,
-              "eos_token_ids": rollout.eos_token_ids(policy, tokenizer)}
+              "eos_token_ids": engines.eos_token_ids(policy, tokenizer)}
 
     gathered_dtypes, original = [], DTensor.full_tensor
     DTensor.full_tensor = lambda self, **kw: gathered_dtypes.append(str(self.dtype)) or original(self, **kw)

@@ -1,13 +1,14 @@
-"""bench/demo_seeds.py reads run folders and counts what learned: checked on run folders written here by hand
-(the benchmark itself runs the demo for minutes per seed; see docs/demo.md for its figures)."""
-import importlib.util
+"""bench/demo_seeds.py reads run folders (with bench/common.py, which every sweep shares) and counts what
+learned: checked on run folders written here by hand (the benchmark itself runs the demo for minutes per seed; see
+docs/demo.md for its figures)."""
 import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("demo_seeds", os.path.join(ROOT, "bench", "demo_seeds.py"))
-demo_seeds = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo_seeds)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import common  # noqa: E402
+import demo_seeds  # noqa: E402
 
 
 def fake_run(folder, steps, base, final, ev=0.2, finished=True):
@@ -32,22 +33,22 @@ def test_runs_are_summarised_and_counted(tmp_path):
     fake_run(tmp_path / "b", 4, (0.30, 0.20), (0.50, 0.40))  # +20 points: short of the bar
     fake_run(tmp_path / "c", 4, (0.30, 0.20), (0.70, 0.10))  # greedy ends below its base
     fake_run(tmp_path / "d", 4, (0.30, 0.20), None, finished=False)  # killed before its last evaluation
-    assert [demo_seeds.finished(str(tmp_path / n)) for n in "abcd"] == [True, True, True, False]
+    assert [common.finished(str(tmp_path / n)) for n in "abcd"] == [True, True, True, False]
     fake_run(tmp_path / "e", 4, (0.3, 0.2), (0.5, 0.5), finished=False)  # stopped by --max-samples at step 4
     with open(tmp_path / "e" / "config.json", "w") as fh:
         json.dump({"steps": 10, "max_samples": 4}, fh)
     with open(tmp_path / "e" / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"step": 4, "eval/acc_greedy": 0.5, "samples_generated": 0}) + "\n")
-    assert not demo_seeds.finished(str(tmp_path / "e"))  # no samples counted: the budget is not reached
+    assert not common.finished(str(tmp_path / "e"))  # no samples counted: the budget is not reached
     with open(tmp_path / "e" / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"step": 4, "samples_generated": 4}) + "\n")
         fh.write(json.dumps({"step": 4, "eval/acc_greedy": 0.5}) + "\n")
-    assert demo_seeds.finished(str(tmp_path / "e"))
-    a = demo_seeds.summarise_run(str(tmp_path / "a"))
+    assert common.finished(str(tmp_path / "e"))
+    a = common.summarise_run(str(tmp_path / "a"))
     assert abs(a["avg_gain"] - 0.60) < 1e-9 and abs(a["greedy_gain"] - 0.75) < 1e-9 and a["k"] == "avg@4"
     assert abs(a["len_ratio"] - 60.4 / 60.0) < 1e-9 and a["ev"] == 0.2 and a["run_seconds"] == 40.0
-    assert demo_seeds.summarise_run(str(tmp_path / "d")) is None
-    rows = [{"base": "x", "seed": i, "summary": demo_seeds.summarise_run(str(tmp_path / n))}
+    assert common.summarise_run(str(tmp_path / "d")) is None
+    rows = [{"base": "x", "seed": i, "summary": common.summarise_run(str(tmp_path / n))}
             for i, n in enumerate("abcd")]
     v = demo_seeds.verdict(rows)
     assert (v["runs"], v["finished"], v["gained_both_25"], v["ended_below_base"]) == (4, 3, 1, 1)
@@ -62,14 +63,14 @@ def test_a_run_another_invocation_is_running_is_left_to_it(tmp_path):
     import sys
     folder = tmp_path / "run"
     fake_run(folder, 4, (0.3, 0.2), (0.5, 0.5), finished=False)
-    (folder / demo_seeds.RUNNING).write_text(f"{os.getpid()}\n")  # this test's own process: alive
-    assert demo_seeds.running(str(folder)) == os.getpid()
+    (folder / common.RUNNING).write_text(f"{os.getpid()}\n")  # this test's own process: alive
+    assert common.running(str(folder)) == os.getpid()
     before = (folder / "metrics.jsonl").read_text()
-    assert demo_seeds.run_vapo("x", ["--steps", "1"], str(folder)) is None
+    assert common.run_vapo("x", ["--steps", "1"], str(folder)) is None
     assert (folder / "metrics.jsonl").read_text() == before and not (folder / "stdout.log").exists()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    (folder / demo_seeds.RUNNING).write_text(f"{gone.pid}\n")
-    assert demo_seeds.running(str(folder)) is None
-    (folder / demo_seeds.RUNNING).write_text("not a number\n")
-    assert demo_seeds.running(str(folder)) is None
+    (folder / common.RUNNING).write_text(f"{gone.pid}\n")
+    assert common.running(str(folder)) is None
+    (folder / common.RUNNING).write_text("not a number\n")
+    assert common.running(str(folder)) is None

@@ -321,7 +321,7 @@ def test_degenerate_batches_have_a_defined_logged_outcome(tiny_model_dir, case):
 # ---- the base-model build lock ------------------------------------------------------------------------------------
 
 def test_concurrent_builds_wait_for_one_another(tmp_path):
-    from task import build_lock
+    from builds import build_lock
     target, order, said = str(tmp_path / "base"), [], []
     with build_lock(target):
         waiter = threading.Thread(target=lambda: (build_lock(target, said.append).__enter__(), order.append("B")))

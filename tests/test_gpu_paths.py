@@ -10,7 +10,7 @@ import weakref
 import pytest
 import torch
 
-import rollout
+import engines
 import run
 import vapo
 import views as views_mod
@@ -48,7 +48,7 @@ def test_a_prompt_longer_than_the_vllm_engines_room_is_refused_at_load(tiny_mode
     mid-run. load_inputs refuses such a prompt first, naming the row and the room."""
     cfg = vapo.Config(model=tiny_model_dir, output_dir=str(tmp_path / "run"), engine="vllm",
                       **{**TINY_RUN, "max_new_tokens": 1010}).validate()
-    assert rollout.vllm_max_model_len(1010, types.SimpleNamespace(max_position_embeddings=1024)) == 1024
+    assert engines.vllm_max_model_len(1010, types.SimpleNamespace(max_position_embeddings=1024)) == 1024
     with pytest.raises(SystemExit, match=r"training row \d+: .*\d+ tokens.*room for 14 .*max_model_len 1024"):
         run.load_inputs(cfg, False, False, run.SingleProcess())
     ok = vapo.Config(model=tiny_model_dir, output_dir=str(tmp_path / "ok"), engine="vllm", **TINY_RUN).validate()
@@ -72,9 +72,9 @@ def test_device_cuda_n_with_vllm_is_refused_before_anything_loads(tmp_path):
                       output_dir=str(tmp_path / "run"), steps=1).validate()
     with pytest.raises(SystemExit, match=r"CUDA_VISIBLE_DEVICES=1 and --device cuda"):
         run.load_inputs(cfg, False, False, run.SingleProcess())
-    rollout.check_vllm_device(torch.device("cuda", 0), distributed=False)
-    rollout.check_vllm_device(torch.device("cuda"), distributed=False)
-    rollout.check_vllm_device(torch.device("cuda", 3), distributed=True)
+    engines.check_vllm_device(torch.device("cuda", 0), distributed=False)
+    engines.check_vllm_device(torch.device("cuda"), distributed=False)
+    engines.check_vllm_device(torch.device("cuda", 3), distributed=True)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed: the finding is read "
@@ -121,7 +121,7 @@ def test_the_views_score_with_the_engine_asleep(tiny_policy, tokenizer, monkeypa
     views.keep_old(tiny_policy, 1)
     n = len(tiny_policy.state_dict())
     assert calls == ["sleep", "score asleep=True", f"load_weights {n}"] and not engine.asleep
-    with rollout.engine_asleep(rollout.HFEngine(tiny_policy, tokenizer), tiny_policy, run.SingleProcess()):
+    with engines.engine_asleep(engines.HFEngine(tiny_policy, tokenizer), tiny_policy, run.SingleProcess()):
         pass  # an engine that cannot sleep: nothing happens
 
 
@@ -161,3 +161,22 @@ def test_the_32b_arithmetic_gives_a_share_that_starts():
     rows = {name: size for name, _, size in memory.per_gpu(c, 64, 9216, 1, 8 * 9216)}
     logits = next(size for name, size in rows.items() if name.startswith("update: logits"))
     assert round(logits / 1e9, 1) == 25.2
+
+
+def test_phase_timings_wait_for_the_gpu_only_on_a_gpu(monkeypatch):
+    """vapo.timed on a CUDA device waits for the queued kernels before and after the block, so a phase's time/*
+    figure counts its own GPU work; on a CPU, or with no device, it never calls into CUDA (checked here with
+    torch.cuda.synchronize replaced by a recorder: no GPU is needed)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    stats = {}
+    gpu = torch.device("cuda", 0)
+    with vapo.timed(stats, "update", gpu):
+        calls.append("block")
+    assert calls == [gpu, "block", gpu] and stats["time/update"] >= 0
+    calls.clear()
+    with vapo.timed(stats, "update", torch.device("cpu")):
+        pass
+    with vapo.timed(stats, "update"):
+        pass
+    assert calls == []

@@ -4,14 +4,18 @@ import json
 import os
 import random
 import statistics
+import sys
 
 import pytest
 import torch
 
+import builds
 import config
 import data
 import task
 import vapo
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 
 def test_long_chains_span_tens_to_four_hundred_tokens_with_many_borrow_decisions(tokenizer):
@@ -82,49 +86,50 @@ def test_the_reward_model_is_trained_on_the_score_at_eos_only(tokenizer, tiny_po
     pairs = [(p, task.solve(p) if i % 2 else task.make_demonstration(p, rng, 1.0, 0.0)["response"])
              for i, p in enumerate(problems)]
     labels = torch.tensor([1.0 if task.is_correct(t, p["answer"]) else -1.0 for p, t in pairs])
-    ids, mask, eos = task.reward_model_batch(tokenizer, pairs[:4])
+    ids, mask, eos = builds.reward_model_batch(tokenizer, pairs[:4])
     assert (ids[torch.arange(4), eos] == tokenizer.eos_token_id).all()
     assert (mask.sum(-1) == eos + 1).all()
     rm = value_model_from_policy(tiny_policy)
     torch.nn.init.normal_(rm.score.weight, std=0.1)
-    before = task.reward_model_scores(rm, tokenizer, pairs[:4])
+    before = builds.reward_model_scores(rm, tokenizer, pairs[:4])
     padded = ids.clone()
     padded[mask == 0] = 7  # what sits after EOS (masked, and causally after it) cannot move the score
     rm.eval()
     with torch.no_grad():
         again = rm(input_ids=padded, attention_mask=mask).logits[torch.arange(4), eos, 0]
     torch.testing.assert_close(again, before)
-    losses = task.train_reward_model(rm, tokenizer, pairs, labels, epochs=6, batch_size=8, lr=3e-3, progress=False)
+    losses = builds.train_reward_model(rm, tokenizer, pairs, labels, epochs=6, batch_size=8, lr=3e-3, progress=False)
     assert len(losses) == 6 * 4 and statistics.mean(losses[-4:]) < statistics.mean(losses[:4])
 
 
 def test_build_reward_model_writes_a_loadable_value_model(tmp_path):
-    """`python task.py reward-model` at tiny size: sampled, labelled, trained, saved with its build record; the
+    """`python builds.py reward-model` at tiny size: sampled, labelled, trained, saved with its build record; the
     critic's loader keeps its head (a reward model, not a policy with a zero head)."""
     from models import load_value_model
     base = tmp_path / "base"
-    task.build_base_model(str(base), steps=2, eval_per_step=0, progress=False, chains=task.LONG)
-    assert json.load(open(base / task.BUILD_INFO))["recipe"]["init"] == "builtin"
+    builds.build_base_model(str(base), steps=2, eval_per_step=0, progress=False, chains=task.LONG)
+    assert json.load(open(base / builds.BUILD_INFO))["recipe"]["init"] == "builtin"
     out = tmp_path / "rm"
-    task.main(["reward-model", "--out", str(out), "--base", str(base), "--prompts", "8", "--samples", "2",
+    builds.main(["reward-model", "--out", str(out), "--base", str(base), "--prompts", "8", "--samples", "2",
                "--epochs", "1", "--eval-prompts", "8"])
-    info = json.load(open(out / task.BUILD_INFO))
+    info = json.load(open(out / builds.BUILD_INFO))
     assert info["train_samples"] == 16 and info["eval"]["samples"] == 8
-    assert info["sha256"] == task.weights_sha256(str(out)) and info["base_sha256"] == task.weights_sha256(str(base))
+    assert info["sha256"] == builds.weights_sha256(str(out))
+    assert info["base_sha256"] == builds.weights_sha256(str(base))
     critic = load_value_model(str(out))
     assert critic.score.weight.abs().sum() > 0
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(task.SHIPPED_LONG_BASE, task.BUILD_INFO)),
+@pytest.mark.skipif(not os.path.exists(os.path.join(builds.SHIPPED_LONG_BASE, builds.BUILD_INFO)),
                     reason="base-model-long/ is not shipped in this checkout")
 def test_the_shipped_long_models_are_the_recorded_ones():
     """base-model-long/ and reward-model-long/ are the files their builds recorded (checksums), the reward model
     was built from this base model, and the base model's recorded accuracy is what the regime promises: right
     on short chains, a few percent on the longest when sampling."""
-    base = json.load(open(os.path.join(task.SHIPPED_LONG_BASE, task.BUILD_INFO)))
-    assert task.weights_sha256(task.SHIPPED_LONG_BASE) == task.LONG_BASE_SHA256 == base["sha256"]
-    rm = json.load(open(os.path.join(task.SHIPPED_LONG_RM, task.BUILD_INFO)))
-    assert task.weights_sha256(task.SHIPPED_LONG_RM) == task.LONG_RM_SHA256 == rm["sha256"]
+    base = json.load(open(os.path.join(builds.SHIPPED_LONG_BASE, builds.BUILD_INFO)))
+    assert builds.weights_sha256(builds.SHIPPED_LONG_BASE) == builds.LONG_BASE_SHA256 == base["sha256"]
+    rm = json.load(open(os.path.join(builds.SHIPPED_LONG_RM, builds.BUILD_INFO)))
+    assert builds.weights_sha256(builds.SHIPPED_LONG_RM) == builds.LONG_RM_SHA256 == rm["sha256"]
     assert rm["base_sha256"] == base["sha256"]
     sampled = task.by_band(base["eval"]["sampled"]["by_steps"], 5)
     assert sampled["1-5"] > 0.6 and sampled["36-40"] < 0.15, sampled
@@ -145,26 +150,23 @@ def test_the_long_preset_is_the_regime(monkeypatch):
 
 
 def test_a_missing_long_model_names_its_build_command(monkeypatch, tmp_path):
-    monkeypatch.setitem(task.BUILTIN_MODELS, "builtin-long-rm", str(tmp_path / "absent"))
-    with pytest.raises(SystemExit, match="python task.py reward-model"):
-        task.shipped_model("builtin-long-rm")
+    monkeypatch.setitem(builds.BUILTIN_MODELS, "builtin-long-rm", str(tmp_path / "absent"))
+    with pytest.raises(SystemExit, match="python builds.py reward-model"):
+        builds.shipped_model("builtin-long-rm")
 
 
 def test_critic_bias_compares_mean_values_with_the_monte_carlo_return_by_position():
     """bench/critic_bias.py's table on hand-made rows: a critic equal to each row's reward has no bias anywhere;
     a constant critic c is off by c minus the mean reward of the responses that reach each position."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("critic_bias", os.path.join(os.path.dirname(__file__), "..",
-                                                                              "bench", "critic_bias.py"))
-    bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bias)
+    sys.path.insert(0, BENCH)
+    import common  # bench/critic_bias.py's measures (bench/ablation.py judges runs with them too)
     mask = torch.zeros(3, 20, dtype=torch.long)
     mask[0, :20], mask[1, :10], mask[2, :5] = 1, 1, 1
     rewards = torch.tensor([1.0, -1.0, -1.0])
-    exact = bias.bias_table(rewards[:, None] * mask, rewards, mask, alpha=0.5)
+    exact = common.bias_table(rewards[:, None] * mask, rewards, mask, alpha=0.5)
     assert all(abs(c["bias"]) < 1e-6 for c in exact["by_fifth"] + exact["by_position"])
     assert exact["explained_variance"] > 0.999
-    const = bias.bias_table(torch.full((3, 20), 0.5) * mask, rewards, mask, alpha=0.5)
+    const = common.bias_table(torch.full((3, 20), 0.5) * mask, rewards, mask, alpha=0.5)
     first = const["by_position"][0]  # positions 0-9: rows 0 (+1, 10 tokens), 1 (-1, 10), 2 (-1, 5)
     assert first["tokens"] == 25 and abs(first["mean_return"] - (10 - 10 - 5) / 25) < 1e-6
     assert abs(first["bias"] - (0.5 - first["mean_return"])) < 1e-6
@@ -175,33 +177,30 @@ def test_credit_at_the_decisive_tokens():
     """Credit assignment as bench/critic_bias.py measures it: a critic whose value changes only at the decisive
     token puts every TD error there (credit = 1 / the decisive tokens' share, its maximum); GRPO's group advantage,
     the same on every token of a response, is spread evenly (credit 1 when the responses are of equal length)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("critic_bias", os.path.join(os.path.dirname(__file__), "..",
-                                                                              "bench", "critic_bias.py"))
-    bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bias)
+    sys.path.insert(0, BENCH)
+    import common  # bench/critic_bias.py's measures (bench/ablation.py judges runs with them too)
     mask = torch.ones(4, 10, dtype=torch.long)
     rewards = torch.tensor([1.0, -1.0, 1.0, -1.0])
     decisive = torch.zeros(4, 10, dtype=torch.bool)
     decisive[:, 3] = True  # the outcome is decided at token 3: V is 0 before it and the reward from it on
     values = torch.zeros(4, 10)
     values[:, 4:] = rewards[:, None]
-    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive)
+    table = common.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive)
     assert table["credit_lambda_0 (TD error)"] == pytest.approx(10.0)  # all of |delta| on 1 token in 10
     assert 1.0 < table["credit_lambda_0.95"] < 10.0  # lambda > 0 spreads it back over the earlier tokens
-    assert bias.group_credit(rewards, mask, decisive, group_size=2) == pytest.approx(1.0)
+    assert common.group_credit(rewards, mask, decisive, group_size=2) == pytest.approx(1.0)
     # the same responses judged at their first error (the wrong ones, 1 and 3, go wrong at token 3): the critic
     # leaves the steps before it at zero advantage and puts the TD error there; lambda 0.95 spreads it back
     before, at = torch.zeros_like(decisive), torch.zeros_like(decisive)
     before[[1, 3], :3], at[[1, 3], 3] = True, True
-    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at))
+    table = common.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at))
     assert table["advantage_before_error_lambda_0 (TD error)"] == 0.0
     assert table["advantage_before_error_lambda_0.95"] < 0  # blame leaks onto the correct steps before the error
     assert table["credit_at_error_lambda_0 (TD error)"] == pytest.approx(10.0)
     # by the kind of the first error: a critic that sees the habit (response 3: V drops at its error) and not the
     # misread (response 1: V stays 0 to the end, the whole TD error on the last token) credits them differently
     values[1, 4:] = 0.0
-    table = bias.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at),
+    table = common.bias_table(values, rewards, mask, alpha=0.5, decisive=decisive, errors=(before, at),
                             kinds=[None, "misread", None, "habit"])
     assert table["credit_at_habit_lambda_0 (TD error)"] == pytest.approx(10.0)  # 1 of 4 |delta|s, 1 token in 40
     assert table["credit_at_misread_lambda_0 (TD error)"] == 0.0
@@ -241,26 +240,23 @@ def test_the_long_preset_runs_two_steps_from_the_shipped_models(tmp_path):
 def test_a_build_resumed_after_a_stage_gives_the_uninterrupted_builds_weights(tmp_path, monkeypatch):
     """How base-model-long/ was built: stage 1, then the rest from stage 1's saved weights. The weights are those
     of one uninterrupted build (each stage has a fresh optimizer and its own seed), checked at tiny size."""
-    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
-    whole = task.build_base_model(str(tmp_path / "whole"), eval_per_step=0, progress=False, chains=task.LONG)
-    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3),)})
-    task.build_base_model(str(tmp_path / "first"), eval_per_step=0, progress=False, chains=task.LONG)
-    monkeypatch.setitem(task.RECIPES, "long", {**task.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
-    resumed = task.build_base_model(str(tmp_path / "resumed"), eval_per_step=0, progress=False, chains=task.LONG,
+    monkeypatch.setitem(builds.RECIPES, "long", {**builds.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
+    whole = builds.build_base_model(str(tmp_path / "whole"), eval_per_step=0, progress=False, chains=task.LONG)
+    monkeypatch.setitem(builds.RECIPES, "long", {**builds.RECIPES["long"], "stages": ((3, 1e-3),)})
+    builds.build_base_model(str(tmp_path / "first"), eval_per_step=0, progress=False, chains=task.LONG)
+    monkeypatch.setitem(builds.RECIPES, "long", {**builds.RECIPES["long"], "stages": ((3, 1e-3), (2, 1e-3))})
+    resumed = builds.build_base_model(str(tmp_path / "resumed"), eval_per_step=0, progress=False, chains=task.LONG,
                                     resume=(str(tmp_path / "first"), 1))
     assert resumed["sha256"] == whole["sha256"] and resumed["recipe"]["resumed_after_stages"] == 1
-    assert whole["sha256"] != json.load(open(tmp_path / "first" / task.BUILD_INFO))["sha256"]
+    assert whole["sha256"] != json.load(open(tmp_path / "first" / builds.BUILD_INFO))["sha256"]
 
 
 def test_error_masks_mark_the_first_wrong_token_of_each_wrong_response(tokenizer):
     """bench/critic_bias.error_masks on two held-out problems: the right response has no mark, the wrong one (its
     second step's borrow forgotten) is marked at the token of that tens digit, every token before it 'before'."""
-    import importlib.util
     from rollout import rollout_from_tokens
-    spec = importlib.util.spec_from_file_location("critic_bias", os.path.join(os.path.dirname(__file__), "..",
-                                                                              "bench", "critic_bias.py"))
-    bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bias)
+    sys.path.insert(0, BENCH)
+    import critic_bias as bias
     problems = task.make_dataset(2, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
     right = task.solve(problems[0])
     chain = task.solve(problems[1])

@@ -14,9 +14,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import qwen_proxy  # noqa: E402
+import common  # noqa: E402
 
-QUESTIONS = qwen_proxy.GSM8K_ROWS
+QUESTIONS = common.GSM8K_ROWS
 
 
 def cli(*args):
@@ -26,13 +26,13 @@ def cli(*args):
 @pytest.mark.slow
 def test_gpu_preset_at_real_vocabulary_runs_checkpoints_and_resumes(tmp_path):
     model = tmp_path / "qwen25-2layers"
-    params = qwen_proxy.build_folder(str(model), layers=2)
+    params = common.build_qwen_folder(str(model), layers=2)
     assert params == 165_960_320
     for name, rows in (("train", QUESTIONS), ("eval", QUESTIONS[:2])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
                                                         for q, a in rows))
     out = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # one core: the other runs another test
     first = subprocess.run(cli("--model", str(model), "--dataset", str(tmp_path / "train.jsonl"),
                                "--eval-dataset", str(tmp_path / "eval.jsonl"), "--template", "chat",
                                "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "2",

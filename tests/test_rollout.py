@@ -1,5 +1,5 @@
-"""rollout.py: sampling with group structure, masks and EOS, sampler vs recomputed log-probs, value alignment,
-invariance to what sits under the masks, gradients, micro-batching."""
+"""rollout.py, sampler.py and engines.py: sampling with group structure, masks and EOS, sampler vs recomputed
+log-probs, value alignment, invariance to what sits under the masks, gradients, micro-batching."""
 import dataclasses
 from types import SimpleNamespace
 
@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from models import value_model_from_policy
-import rollout
-from rollout import HFEngine, Rollout, by_length, response_logprobs, response_values, score_rollout
+import engines
+import sampler
+from engines import HFEngine
+from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 
 PROMPTS = ["1+2=", "a much longer prompt, to pad the others:", "xyz"]  # different lengths -> left padding
 ATOL = 1e-4  # float32: sampler (KV cache, one token at a time) vs one full forward pass; measured ~1e-6
@@ -342,7 +344,7 @@ def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
     weights cache 4 bytes and bfloat16 weights 2, with either cache."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rollout import kv_cache_bytes_per_token
+    from sampler import kv_cache_bytes_per_token
     config = Qwen2Config(hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=64, vocab_size=64, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).eval()
@@ -360,12 +362,12 @@ def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
 def sample_both_caches(model, tokenizer, monkeypatch, autocast=None, **generate):
     """The same generation with the sampler's preallocated cache and with transformers' growing one."""
     out = {}
-    original = rollout.sample
+    original = engines.sample
     for preallocate in (True, False):
-        monkeypatch.setattr(rollout, "sample", lambda *a, **kw: original(*a, **kw, preallocate=preallocate))
+        monkeypatch.setattr(engines, "sample", lambda *a, **kw: original(*a, **kw, preallocate=preallocate))
         with autocast if autocast is not None else torch.autocast("cpu", enabled=False):
             out[preallocate] = HFEngine(model, tokenizer, max_new_tokens=24).generate(PROMPTS, **generate)
-    monkeypatch.setattr(rollout, "sample", original)
+    monkeypatch.setattr(engines, "sample", original)
     return out[True], out[False]
 
 
@@ -387,7 +389,7 @@ def test_the_preallocated_cache_is_one_buffer_filled_in_place(tiny_policy):
     """Every update writes into the buffer allocated at the prefill (the keys handed to attention are a view of
     it, of the filled length), rows leaving copy only what is filled, and a write past the capacity is an error,
     not a silent reallocation."""
-    cache = rollout.preallocated_cache(tiny_policy, capacity=6, dtype=torch.bfloat16)
+    cache = sampler.preallocated_cache(tiny_policy, capacity=6, dtype=torch.bfloat16)
     layer = cache.layers[0]
     kv = lambda rows, tokens: torch.randn(rows, 2, tokens, 32)  # noqa: E731  [B, H, t, D]
     first = kv(3, 4)
@@ -413,7 +415,7 @@ def test_a_model_the_preallocated_cache_does_not_fit_samples_with_its_own(tokeni
     from transformers import Qwen2ForCausalLM
     model = Qwen2ForCausalLM(task.tiny_config(tokenizer, use_sliding_window=True, sliding_window=8,
                                               max_window_layers=0)).eval()
-    assert rollout.preallocated_cache(model, 10) is None
+    assert sampler.preallocated_cache(model, 10) is None
     r = HFEngine(model, tokenizer, max_new_tokens=12).generate(PROMPTS, n=2, seed=0)
     logprobs, _ = response_logprobs(model, r)
     assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)

@@ -64,6 +64,10 @@ def step_zero(tmp_path_factory):
     return {name: torch.load(f"{out}/{name}.pt", weights_only=False) for name in ("one-16", "one-4", "two-8", "two-4")}
 
 
+ONE_WORKER = pytest.mark.xdist_group("step_zero")  # the tests that read step_zero run on one worker: it is built once
+
+
+@ONE_WORKER
 def test_sharding_is_real(step_zero):
     """After fully_shard, each of 2 ranks holds half the rows of a [512, 128] weight, not a copy of it."""
     local, full = step_zero["two-4"]["shard"]
@@ -72,6 +76,7 @@ def test_sharding_is_real(step_zero):
     assert step_zero["one-16"]["shard"] == (full, full)
 
 
+@ONE_WORKER
 def test_sharded_loading_gives_the_single_process_weights_and_reads_only_its_rows(step_zero):
     """2 ranks load the models sharded (meta device, fully_shard, each rank's rows read from the safetensors
     files): right after setup, every tensor of the policy and of the critic (its zero head included) equals the
@@ -88,6 +93,7 @@ def test_sharded_loading_gives_the_single_process_weights_and_reads_only_its_row
     assert 0.45 * stored < read < 0.55 * stored, (read, stored)
 
 
+@ONE_WORKER
 @pytest.mark.parametrize("name", ["one-4", "two-8", "two-4"])
 def test_two_ranks_equal_one_process(step_zero, name):
     """Step 0 of 2 ranks (and of 1 process with micro-batches) equals 1 process without micro-batches: old
@@ -233,15 +239,15 @@ def test_the_sharded_hf_engine_is_refused_above_its_size(tiny_model_dir):
 
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    import engines
     import models
-    import rollout
     import vapo
     config = Qwen2Config(hidden_size=4096, num_hidden_layers=14, intermediate_size=11008, vocab_size=32000)
     policy = models.empty_model(AutoModelForCausalLM, config)
     assert sum(p.numel() for p in policy.parameters()) > 2e9
     cfg = vapo.Config(model=tiny_model_dir, engine="hf").validate()
     with pytest.raises(SystemExit, match="above 2B use --engine vllm"):
-        rollout.make_engine(cfg, policy, None, SimpleNamespace(world_size=2, rank=0))
+        engines.make_engine(cfg, policy, None, SimpleNamespace(world_size=2, rank=0))
 
 
 @needs_vllm

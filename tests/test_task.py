@@ -1,5 +1,5 @@
-"""The built-in task: generator, solver, demonstrations with the habit, tokenizer/model round trips, base-model
-build. CPU, seconds; the base model is only trained for a couple of steps here."""
+"""The built-in task: generator, solver, demonstrations with the habit, tokenizer/model round trips; and the
+base-model build (builds.py). CPU, seconds; the base model is only trained for a couple of steps here."""
 import json
 import os
 import random
@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+import builds
 import task
 
 
@@ -163,30 +164,31 @@ def test_evaluate_accuracy_runs_greedy_and_sampled(tokenizer, tiny_policy):
 def test_build_base_model_writes_a_loadable_folder(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     out = tmp_path / "base"
-    info = task.build_base_model(str(out), steps=2, eval_per_step=0, progress=False)
+    info = builds.build_base_model(str(out), steps=2, eval_per_step=0, progress=False)
     assert sorted(os.listdir(tmp_path)) == ["base"]  # no temporary folder left behind
-    assert json.load(open(out / task.BUILD_INFO))["recipe"]["steps"] == 2 == info["recipe"]["steps"]
+    assert json.load(open(out / builds.BUILD_INFO))["recipe"]["steps"] == 2 == info["recipe"]["steps"]
     tokenizer, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
     assert tokenizer("7+5")["input_ids"] == task.build_tokenizer()("7+5")["input_ids"]
     assert 0.9e6 < sum(p.numel() for p in model.parameters()) < 1.2e6
-    task.build_base_model(str(out), steps=1, eval_per_step=0, progress=False)  # a rebuild replaces it
-    assert json.load(open(out / task.BUILD_INFO))["recipe"]["steps"] == 1
+    builds.build_base_model(str(out), steps=1, eval_per_step=0, progress=False)  # a rebuild replaces it
+    assert json.load(open(out / builds.BUILD_INFO))["recipe"]["steps"] == 1
     assert sorted(os.listdir(tmp_path)) == ["base"]
 
 
 def test_cache_location_and_reuse(tmp_path, monkeypatch):
     monkeypatch.setenv("VAPO_CACHE", str(tmp_path))
-    monkeypatch.setattr(task, "SHIPPED_BASE", str(tmp_path / "not-shipped"))  # a checkout without the shipped model
-    path = task.base_model_path()
-    assert path == task.cache_path() == os.path.join(str(tmp_path), task.BASE_NAME)
+    monkeypatch.setattr(builds, "SHIPPED_BASE", str(tmp_path / "not-shipped"))  # a checkout without the shipped model
+    path = builds.base_model_path()
+    assert path == builds.cache_path() == os.path.join(str(tmp_path), builds.BASE_NAME)
     os.makedirs(path)
-    with open(os.path.join(path, task.BUILD_INFO), "w") as f:
+    with open(os.path.join(path, builds.BUILD_INFO), "w") as f:
         json.dump({}, f)
-    assert task.ensure_base_model(log=lambda msg: pytest.fail("must not rebuild a cached model")) == path
+    assert builds.ensure_base_model(log=lambda msg: pytest.fail("must not rebuild a cached model")) == path
 
 
 def test_the_demo_starts_from_the_shipped_base_model():
-    assert task.ensure_base_model(log=lambda msg: pytest.fail("must not build: it is shipped")) == task.SHIPPED_BASE
+    shipped = builds.ensure_base_model(log=lambda msg: pytest.fail("must not build: it is shipped"))
+    assert shipped == builds.SHIPPED_BASE
 
 
 def test_shipped_base_model_is_the_recorded_one_and_scores_as_recorded():
@@ -195,10 +197,10 @@ def test_shipped_base_model_is_the_recorded_one_and_scores_as_recorded():
     differ between CPUs where two logits are within rounding of each other, so the check allows 2 points (6 of
     300 problems); a wrong or damaged model is off by far more."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = task.SHIPPED_BASE
-    info = json.load(open(os.path.join(path, task.BUILD_INFO)))
-    assert task.weights_sha256(path) == task.SHIPPED_SHA256 == info["sha256"]
-    assert info["name"] == task.BASE_NAME and info["recipe"]["steps"] == task.SFT_STEPS
+    path = builds.SHIPPED_BASE
+    info = json.load(open(os.path.join(path, builds.BUILD_INFO)))
+    assert builds.weights_sha256(path) == builds.SHIPPED_SHA256 == info["sha256"]
+    assert info["name"] == builds.BASE_NAME and info["recipe"]["steps"] == builds.SFT_STEPS
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
     problems = task.make_dataset(info["eval"]["per_step"] * (task.MAX_STEPS - task.MIN_STEPS + 1),
                                  info["eval"]["seed"], split="eval")

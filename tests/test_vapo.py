@@ -303,7 +303,7 @@ def test_sampler_old_logprobs_make_the_same_step_as_a_scoring_pass(tiny_model_di
     log-probs equal to its own (the logged gap)."""
     import task
     from models import load_policy, value_model_from_policy
-    from rollout import HFEngine
+    from engines import HFEngine
     rows = task.make_dataset(32, seed=0, split="train")
     out = {}
     for mode in ("sampler", "recompute"):
@@ -370,7 +370,8 @@ def test_advantage_by_position_is_the_raw_advantage_split():
 def test_positive_nll_switch(tiny_model_dir, tmp_path):
     """Off: no NLL term at all. On, with every sample marked correct: the NLL is logged and positive."""
     from models import load_policy, value_model_from_policy
-    from rollout import HFEngine, score_rollout
+    from engines import HFEngine
+    from rollout import score_rollout
     policy, tok = load_policy(tiny_model_dir)
     critic = value_model_from_policy(policy)
     rollout = HFEngine(policy, tok, max_new_tokens=8).generate(["Compute: 1+2\n"] * 4, n=1, seed=0)
@@ -474,7 +475,7 @@ def test_plot_frees_its_figure(tmp_path):
 def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     """Held-out prompts x k are sampled in passes of at most a training rollout's rows (or --eval-batch-size
     prompts x k), not in one KV cache for the whole evaluation; greedy results do not depend on the passes."""
-    from rollout import HFEngine
+    from engines import HFEngine
     from task import make_dataset
     rows = make_dataset(6, seed=0, split="eval")
     engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
@@ -496,7 +497,7 @@ def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
 def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(tiny_policy, tokenizer):
     """#30: each accuracy comes with its standard error over prompts (a prompt's k samples are one unit), and
     --eval-sampled-prompts N samples avg@k on the first N held-out prompts only while greedy takes them all."""
-    from rollout import HFEngine
+    from engines import HFEngine
     from task import make_dataset
     rows = make_dataset(6, seed=0, split="eval")
     engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
@@ -619,8 +620,8 @@ def test_the_runs_random_streams_are_named_in_one_place():
     to the seed, and the streams that must not share draws do not (the RL steps' prompts against value
     pretraining's; the evaluation's sampling against the trainer's)."""
     import re
-    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "data.py", "models.py", "config.py",
-                 "bench/long_study.py"):
+    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "sampler.py", "engines.py", "data.py",
+                 "models.py", "config.py", "bench/long_study.py"):
         source = open(os.path.join(ROOT, name)).read()
         assert not re.search(r"seed\s*\+\s*\d", source), name
     streams = config.STREAMS

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from rollout import VLLMEngine, make_engine
+from engines import VLLMEngine, make_engine
 from run import SingleProcess
 from vapo import Config
 
@@ -136,7 +136,7 @@ def test_the_engine_gets_the_memory_left_beside_the_trainer(caplog):
     """vLLM refuses to start when its share of the device is more than is free. Beside a trainer whose shards
     already hold memory, the share is cut to what is free, less the AdamW states the trainer allocates later and a
     headroom, with a warning; nothing left is one clear message."""
-    from rollout import ENGINE_HEADROOM_BYTES, engine_memory_share
+    from engines import ENGINE_HEADROOM_BYTES, engine_memory_share
     GB = 1e9
     assert engine_memory_share(0.4, free=70 * GB, total=80 * GB, reserve=10 * GB) == 0.4  # room for what is asked
     share = engine_memory_share(0.4, free=30 * GB, total=80 * GB, reserve=4 * GB)
@@ -147,10 +147,10 @@ def test_the_engine_gets_the_memory_left_beside_the_trainer(caplog):
 
 
 def test_the_trainer_keeps_what_it_allocates_beside_the_awake_engine(tiny_policy):
-    """engine_memory_share's reserve (rollout.trainer_reserve_bytes): AdamW's moments of both models. The RL update,
+    """engine_memory_share's reserve (engines.trainer_reserve_bytes): AdamW's moments of both models. The RL update,
     value pretraining and the views' scoring are not counted: the engine sleeps through each of them."""
     from models import value_model_from_policy
-    from rollout import trainer_reserve_bytes
+    from engines import trainer_reserve_bytes
     critic = value_model_from_policy(tiny_policy)
     P, C = (sum(p.numel() for p in m.parameters()) for m in (tiny_policy, critic))
     assert trainer_reserve_bytes(tiny_policy, critic) == 8 * (P + C)

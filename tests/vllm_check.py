@@ -19,9 +19,11 @@ def main(out_path: str):
 
     import models
     import vapo
+    from builds import ensure_base_model
+    from engines import HFEngine, VLLMEngine, eos_token_ids
     from reward import arith_reward, score_batch
-    from rollout import HFEngine, VLLMEngine, eos_token_ids, response_logprobs, score_rollout
-    from task import ensure_base_model, make_dataset
+    from rollout import response_logprobs, score_rollout
+    from task import make_dataset
     torch.manual_seed(0)
     cfg = vapo.Config(model="builtin", dataset="builtin", prompts_per_step=8, samples_per_prompt=4,
                       mini_batch_size=32, micro_batch_size=8, max_new_tokens=48, actor_lr=1e-2, warmup_steps=0,
