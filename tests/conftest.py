@@ -9,6 +9,12 @@ if ROOT not in sys.path:  # the modules live at the repository's top level
     sys.path.insert(0, ROOT)
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first (in file order), then the rest: with two workers (pytest.ini's -n auto) the last
+    minutes are then short tests that fill in, not one worker running a 4-minute test while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each part
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """One torch thread for the whole suite: the tiny models here run faster on one thread, and much faster on a
