@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+from builds import build_lock
+
 pytestmark = pytest.mark.slow  # processes of their own: minutes for the module on 2 cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,21 +55,25 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (pip install -r scale/requirements-cpu.txt)")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def step_zero(tmp_path_factory):
     """Step 0 on one fixed rollout (tests/scale_check.py): one process with micro-batches of 16 and 4 samples, and
-    2 FSDP2 ranks with micro-batches of 8 and 4 (each rank holds 8 of the 16 samples)."""
-    out = str(tmp_path_factory.mktemp("scale"))
-    run([sys.executable, "tests/scale_check.py", f"{out}/one", "16", "4"])
-    run([os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
-         "tests/scale_check.py", f"{out}/two", "8", "4"])
+    2 FSDP2 ranks with micro-batches of 8 and 4 (each rank holds 8 of the 16 samples). Built once for the whole
+    suite: under pytest-xdist each worker's temporary folder sits in one shared parent, and the first worker to
+    get here builds it there under a lock while another that needs it waits (xdist_group cannot do this: pytest 9
+    ignores the group that xdist 3.8 writes into a test's id)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = str(shared / "scale-step-zero")
+    with build_lock(out):
+        if not all(os.path.exists(f"{out}/{n}.pt") for n in ("one-16", "one-4", "two-8", "two-4")):
+            os.makedirs(out, exist_ok=True)
+            run([sys.executable, "tests/scale_check.py", f"{out}/one", "16", "4"])
+            run([os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
+                 "tests/scale_check.py", f"{out}/two", "8", "4"])
     return {name: torch.load(f"{out}/{name}.pt", weights_only=False) for name in ("one-16", "one-4", "two-8", "two-4")}
 
 
-ONE_WORKER = pytest.mark.xdist_group("step_zero")  # the tests that read step_zero run on one worker: it is built once
-
-
-@ONE_WORKER
 def test_sharding_is_real(step_zero):
     """After fully_shard, each of 2 ranks holds half the rows of a [512, 128] weight, not a copy of it."""
     local, full = step_zero["two-4"]["shard"]
@@ -76,7 +82,6 @@ def test_sharding_is_real(step_zero):
     assert step_zero["one-16"]["shard"] == (full, full)
 
 
-@ONE_WORKER
 def test_sharded_loading_gives_the_single_process_weights_and_reads_only_its_rows(step_zero):
     """2 ranks load the models sharded (meta device, fully_shard, each rank's rows read from the safetensors
     files): right after setup, every tensor of the policy and of the critic (its zero head included) equals the
@@ -93,7 +98,6 @@ def test_sharded_loading_gives_the_single_process_weights_and_reads_only_its_row
     assert 0.45 * stored < read < 0.55 * stored, (read, stored)
 
 
-@ONE_WORKER
 @pytest.mark.parametrize("name", ["one-4", "two-8", "two-4"])
 def test_two_ranks_equal_one_process(step_zero, name):
     """Step 0 of 2 ranks (and of 1 process with micro-batches) equals 1 process without micro-batches: old
