@@ -1,5 +1,6 @@
-"""bench/ablation.py --quick: every row of the paper's ablation table still runs (2 steps each, one seed), in the
-demo's regime and in the long chains', and the sweep writes its tables, JSON and plots. Slow (about 2-3 minutes
+"""bench/ablation.py --quick: every row of the paper's ablation table still runs (2 steps each, one seed), and the
+sweep writes its tables, JSON and plots: the four algorithms and one ablation in the long chains' regime, VAPO and
+the other six ablations in the demo's, so that the two tests together run all eleven rows. Slow (about 1-2 minutes
 each on 2 cores); CI runs them."""
 import json
 import os
@@ -11,34 +12,44 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+LONG_ROWS = ["PPO", "GRPO", "DAPO", "VAPO", "w/o Clip-Higher"]  # run by the long regime's test below
+
+
 @pytest.mark.slow
-def test_every_row_runs(tmp_path):
+def test_the_ablations_run_in_the_demo_regime(tmp_path):
+    """--quick in the demo's regime: VAPO and the six ablations that the long regime's test does not run. The rows
+    that switch one technique off share VAPO's pretrained critic (w/o Value-Pretraining starts from the preset's),
+    every row stops at the same budget of samples, and the three tables have a line for each row."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    names = [r for r, _, _ in ablation.ROWS if r not in LONG_ROWS or r == "VAPO"]
+    assert len(names) == 7 and set(names) | set(LONG_ROWS) == {r for r, _, _ in ablation.ROWS}  # all eleven
     out = tmp_path / "ablation"
-    proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out), "--rows", *names],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.load(open(out / "ablation.json"))
     rows = {r["row"]: r for r in result["rows"]}
-    assert len(rows) == 11 and all(r["seeds"] == 1 for r in rows.values())
+    assert list(rows) == names and all(r["seeds"] == 1 for r in rows.values())
     assert all(r["samples"] >= result["budget"] for r in rows.values())  # each stopped at the same budget
-    assert not os.path.exists(out / "grpo-s0" / "checkpoint" / "critic")  # GRPO has no critic
-    shared = json.load(open(out / "w-o-clip-higher-s0" / "config.json"))
+    shared = json.load(open(out / "w-o-decoupled-gae-s0" / "config.json"))
     assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
-    # three tables (results, diagnostics, time to learn), each a header, a separator and the 11 rows
-    assert (out / "ablation.md").read_text().count("\n|") == 39 and (out / "ablation.png").exists()
-    assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None and rows["GRPO"]["diagnostics"]["explained_variance"] is None
+    alone = json.load(open(out / "w-o-value-pretraining-s0" / "config.json"))
+    assert not alone["value_pretraining"] and "critic_pretrained" not in str(alone["value_model"])
+    # three tables (results, diagnostics, time to learn), each a header, a separator and the 7 rows
+    assert (out / "ablation.md").read_text().count("\n|") == 3 * (2 + 7) and (out / "ablation.png").exists()
+    assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None
 
 
 @pytest.mark.slow
 def test_every_row_runs_in_the_long_regime(tmp_path):
-    """--preset long --quick, the four algorithms and one row that shares VAPO's pretrained critic (test_every_row_runs
-    runs all eleven, in the demo's regime): every row evaluated at the same sample counts (0, 8, 16:
+    """--preset long --quick, the four algorithms and one row that shares VAPO's pretrained critic (the demo
+    regime's test runs the other six): every row evaluated at the same sample counts (0, 8, 16:
     --eval-every-samples), every final critic judged on the same base-model responses (GRPO and DAPO have none),
     the views of VAPO, PPO and GRPO side by side, and every seed's figures in the JSON."""
     out = tmp_path / "ablation-long"
-    rows = ["PPO", "GRPO", "DAPO", "VAPO", "w/o Clip-Higher"]
     proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--preset", "long", "--out", str(out),
-                           "--rows", *rows], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                           "--rows", *LONG_ROWS], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.load(open(out / "ablation.json"))
     rows = {r["row"]: r for r in result["rows"]}

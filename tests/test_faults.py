@@ -6,6 +6,7 @@ harness that SIGKILLs a tiny run at 20 moments (seeded; five of them inside chec
 """
 import json
 import math
+import multiprocessing
 import os
 import random
 import signal
@@ -338,37 +339,67 @@ FAULT_POINTS = ["checkpoint:policy-written", "checkpoint:state-written", "checkp
                 "pretrained-critic-written", "step-logged"]
 
 
+def vapo_main_in_child(argv, env, log):
+    """`python vapo.py ARGV` in a process forked from multiprocessing's fork server, which imported vapo once
+    (PRELOAD): what a new interpreter would run, without its 4-6 s of imports. Its output goes to the file log."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(ROOT)
+    os.environ.update(env)  # VAPO_FAULT_POINT is read where the point is reached, not at import
+    torch.set_num_threads(1)
+    vapo.main(argv)
+
+
+PRELOAD = ["vapo", __name__]
+
+
 @pytest.mark.slow
 def test_kill_at_20_moments_and_resume_each(tiny_model_dir, tmp_path):
     """SIGKILL a 4-step run at 20 moments: 5 fault points inside checkpoint writes and logging, 15 seeded random
     times; resume each (rerun it if it died before writing its config). All must finish with RL steps 1..4,
     evaluations at 0, 2 and 4 and value-pretraining steps 1..2, each logged exactly once. The trials are
-    independent runs in folders of their own, two at a time (one torch thread each), as on a 2-core machine."""
+    independent runs in folders of their own, two at a time (one torch thread each), as on a 2-core machine; each
+    run is a process of its own, forked from a server that imported vapo once (the kill is the same SIGKILL)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     extra = ["--steps", "4", "--eval-every", "2", "--save-every", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(argv, log, env=None):
+        proc = ctx.Process(target=vapo_main_in_child, args=(argv, env or {}, str(log)))
+        proc.start()
+        return proc
+
+    def argv(out):
+        return cli(tiny_model_dir, out, *extra)[2:]  # without the interpreter and vapo.py
+
+    warm = ctx.Process(target=time.sleep, args=(0,))  # starts the fork server: its imports are not a run's time
+    warm.start()
+    warm.join()
     t0 = time.time()
-    subprocess.run(cli(tiny_model_dir, tmp_path / "reference", *extra), env=env, check=True, capture_output=True,
-                   cwd=ROOT)
+    reference = start(argv(tmp_path / "reference"), tmp_path / "reference.log")
+    reference.join()
     full = time.time() - t0
+    assert reference.exitcode == 0, (tmp_path / "reference.log").read_text()[-3000:]
     rng = random.Random(2026)
     trials = [("point", p) for p in FAULT_POINTS] + [("time", rng.uniform(0.5, full)) for _ in range(15)]
 
     def trial(i, kind, where):
-        out = tmp_path / f"trial{i}"
-        cmd = cli(tiny_model_dir, out, *extra)
+        out, log = tmp_path / f"trial{i}", tmp_path / f"trial{i}.log"
         if kind == "point":
-            proc = subprocess.run(cmd, env={**env, "VAPO_FAULT_POINT": where}, capture_output=True, cwd=ROOT)
-            assert proc.returncode == -signal.SIGKILL, (where, proc.stderr[-2000:])
+            proc = start(argv(out), log, {"VAPO_FAULT_POINT": where})
+            proc.join()
+            assert proc.exitcode == -signal.SIGKILL, (where, log.read_text()[-2000:])
         else:
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-            try:
-                proc.wait(timeout=where)
-            except subprocess.TimeoutExpired:
+            proc = start(argv(out), log)
+            proc.join(timeout=where)
+            if proc.is_alive():
                 proc.kill()
-                proc.wait()
-        again = ([sys.executable, "vapo.py", "--resume", str(out)] if (out / "config.json").exists() else cmd)
-        proc = subprocess.run(again, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
-        assert proc.returncode == 0, (kind, where, proc.stderr[-3000:])
+                proc.join()
+        again = ["--resume", str(out)] if (out / "config.json").exists() else argv(out)
+        proc = start(again, log)
+        proc.join(timeout=300)
+        assert proc.exitcode == 0, (kind, where, log.read_text()[-3000:])
         recs = records(out)
         assert rl_steps(out) == [1, 2, 3, 4], (kind, where)
         assert [r["step"] for r in recs if "eval/acc_greedy" in r] == [0, 2, 4], (kind, where)
