@@ -351,12 +351,13 @@ class Run:
         if saved is not None:
             progress = Progress(saved["step"], saved["value_pretrained"], saved["pretrain"] or Progress().pretrain)
             self.truncate_metrics(progress.step, None if progress.value_pretrained else progress.pretrain["step"])
-            self.views.truncate(progress.step)
             log.info("resumed from step %d%s", progress.step, "" if progress.value_pretrained else
                      f" (value pretraining step {progress.pretrain['step']})")
         elif self.critic is not None and os.path.exists(os.path.join(pretrained_critic, "config.json")):
             self.parallel.load_weights(self.critic, pretrained_critic)
-            progress = Progress(value_pretrained=True)
+            # value pretraining is over but not yet marked so: train() runs none of its steps, then what follows
+            # them (the views after it, a fresh critic optimizer, the first checkpoint)
+            progress = Progress(pretrain={"step": self.cfg.value_pretrain_steps, "recent": []})
             self.truncate_metrics(0)
             log.warning("no complete checkpoint in %s: starting the RL phase from step 0 with the critic of "
                         "critic_pretrained/", self.dir)
@@ -364,6 +365,7 @@ class Run:
             progress = Progress()
             self.truncate_metrics(-1, 0)
             log.warning("no complete checkpoint in %s: starting the run from the beginning", self.dir)
+        self.views.truncate(progress.step, progress.value_pretrained, progress.pretrain["step"])
         return progress
 
     # --- signals and the steps ----------------------------------------------------------------------------------

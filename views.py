@@ -160,11 +160,18 @@ class TokenViews:
                 return t
         return len(pieces) - 1
 
-    def truncate(self, step: int):
-        """Resume: drop the records of steps after the checkpoint's (they will be written again)."""
+    def truncate(self, step: int, value_pretrained: bool = True, pretrain_step: int = 0):
+        """Resume: keep the records that the restored point covers (RL steps done: step; value pretraining
+        finished, or its steps done), drop the rest: they will be written again, each once."""
+        def covered(r: dict) -> bool:
+            if r["stage"] == "step 0":  # written before value pretraining's first step
+                return value_pretrained or pretrain_step > 0
+            if r["stage"] == "after value pretraining":
+                return value_pretrained
+            return r["step"] <= step
         if os.path.exists(self.path) and self.run.parallel.is_main:
             write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in read_tokens(self.run.dir)
-                                                if r["step"] <= step))
+                                                if covered(r)))
 
 
 def plot_views(run_dir: str, step: int, stage: str):

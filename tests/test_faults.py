@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 import checkpoints
 import config
 import models
+import plots
 import run
 import vapo
 from reward import Verifier
@@ -352,15 +353,17 @@ def vapo_main_in_child(argv, env, log):
 
 
 PRELOAD = ["vapo", __name__]
+VIEWS = [(0, "step 0"), (0, "after value pretraining"), (2, "evaluation"), (4, "evaluation")]  # tokens.jsonl
 
 
 @pytest.mark.slow
 def test_kill_at_20_moments_and_resume_each(tiny_model_dir, tmp_path):
     """SIGKILL a 4-step run at 20 moments: 5 fault points inside checkpoint writes and logging, 15 seeded random
     times; resume each (rerun it if it died before writing its config). All must finish with RL steps 1..4,
-    evaluations at 0, 2 and 4 and value-pretraining steps 1..2, each logged exactly once. The trials are
-    independent runs in folders of their own, two at a time (one torch thread each), as on a 2-core machine; each
-    run is a process of its own, forked from a server that imported vapo once (the kill is the same SIGKILL)."""
+    evaluations at 0, 2 and 4 and value-pretraining steps 1..2, each logged exactly once, and the teaching views
+    recorded once at each of their moments. The trials are independent runs in folders of their own, two at a time
+    (one torch thread each), as on a 2-core machine; each run is a process of its own, forked from a server that
+    imported vapo once (the kill is the same SIGKILL)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     extra = ["--steps", "4", "--eval-every", "2", "--save-every", "1"]
@@ -404,6 +407,7 @@ def test_kill_at_20_moments_and_resume_each(tiny_model_dir, tmp_path):
         assert rl_steps(out) == [1, 2, 3, 4], (kind, where)
         assert [r["step"] for r in recs if "eval/acc_greedy" in r] == [0, 2, 4], (kind, where)
         assert [r["value_pretrain_step"] for r in recs if "value_pretrain_step" in r] == [1, 2], (kind, where)
+        assert [(r["step"], r["stage"]) for r in plots.read_tokens(str(out))] == VIEWS, (kind, where)
         assert torch.load(out / "checkpoint" / "state.pt", weights_only=False)["step"] == 4
         return kind, where
     with ThreadPoolExecutor(2) as pool:  # a failed trial's assertion is raised again here, by its result

@@ -117,6 +117,10 @@ def test_a_run_records_the_views_at_step_0_after_pretraining_and_at_each_evaluat
     views.truncate(1)  # what Run.restore does on a resume from a step-1 checkpoint
     assert [(r["step"], r["stage"]) for r in plots.read_tokens(cfg.output_dir)] == [
         (0, "step 0"), (0, "after value pretraining"), (1, "evaluation")]
+    views.truncate(0, value_pretrained=False, pretrain_step=1)  # killed after pretraining, before it was marked
+    assert [(r["step"], r["stage"]) for r in plots.read_tokens(cfg.output_dir)] == [(0, "step 0")]
+    views.truncate(0, value_pretrained=False, pretrain_step=0)  # from the beginning: nothing is kept
+    assert plots.read_tokens(cfg.output_dir) == []
 
 
 def test_the_views_mark_where_a_wrong_response_first_goes_wrong(tmp_path, tiny_model_dir):
