@@ -54,6 +54,10 @@ def test_gpu_preset_at_real_vocabulary_runs_checkpoints_and_resumes(tmp_path):
     assert all(r["skipped_nonfinite"] == 0 and r["grad_norm/policy"] > 0 for r in steps)
     assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 1, 2]
     assert [r["value_pretrain_step"] for r in records if "value_pretrain_step" in r] == [1]
+    views = [json.loads(line) for line in open(out / "tokens.jsonl")]  # the teaching views at this vocabulary
+    assert [(r["step"], r["stage"]) for r in views] == [(0, "step 0"), (0, "after value pretraining"),
+                                                        (1, "evaluation"), (2, "evaluation")]
+    assert (out / "views" / "step-2" / "index.html").exists()
     policy = out / "checkpoint" / "policy"
     assert json.load(open(policy / "config.json"))["vocab_size"] == 151936
     from transformers import AutoTokenizer, GenerationConfig
