@@ -487,11 +487,14 @@ def plot(run: Run):
     """curves.png in the run folder (see plots.py); a plotting failure is logged, never fatal to training.
 
     A closed matplotlib figure is a reference cycle (about 9 MiB for this one, its renderer's buffers included)
-    that only a full garbage collection frees, and those come rarely in a long run: collected here, at once."""
+    that only a full garbage collection frees, and those come rarely in a long run: collected here, at once.
+    Twice: a log axis's tick labels go through mathtext, whose parser leaves exceptions whose tracebacks hold the
+    drawing frames (and through them the figure); the first collection frees those, the second the figure."""
     if not run.parallel.is_main:
         return
     try:
         plot_metrics(run.metrics_path, os.path.join(run.dir, "curves.png"))
     except Exception as err:  # noqa: BLE001 - a broken plot must not stop a long run
         log.warning("could not plot %s: %s", run.metrics_path, err)
-    gc.collect()
+    for _ in range(2):
+        gc.collect()
