@@ -366,6 +366,36 @@ def policy_table(rows: list[dict], base: dict | None) -> str:
     return "\n".join(lines)
 
 
+def seed_table(rows: list[dict], others: dict[str, list[dict]] | None = None) -> str:
+    """Every run on a line: held-out greedy and avg@k at each evaluation (0 -> ... -> the budget), what its final
+    policy gets wrong (greedy misreads per step, the share of wrong greedy responses whose first error is a
+    misread, the habit per sampled borrow step), its clipped shares at each bound, and its final critic on the
+    fixed responses (explained variance / credit at the decisive tokens). `others` (name -> [(folder,
+    run_figures)]), e.g. TRL's GRPOTrainer runs, get their curves only."""
+    lines = ["| run | greedy % at each evaluation | avg@k % | greedy misreads (% of steps) | first error a misread "
+             "(% of greedy responses) | sampled habit (% of borrow steps) | clipped low / high (%) | "
+             "critic EV / credit |", "|---|" + "---|" * 7]
+
+    def curves(f):
+        k = next(key for key in f["eval_curve"][0] if key.startswith("avg@"))
+        return (" -> ".join(f"{100 * e['greedy']:.1f}" for e in f["eval_curve"]),
+                " -> ".join(f"{100 * e[k]:.1f}" for e in f["eval_curve"]))
+
+    for r in rows:
+        for p in r.get("per_seed", []):
+            pol, c = p.get("policy_after_rl"), p.get("critic_after_rl")
+            judged = (f"{100 * pol['greedy']['lookup_rate']:.1f} | {100 * pol['greedy']['first_misread']:.1f} | "
+                      f"{100 * pol['sampled']['habit_rate']:.1f}") if pol else "| |"
+            critic = f"{c['explained_variance']:.2f} / {c['credit']:.2f}" if c else "no critic"
+            lines.append(f"| {r['row']} ({p['run'].rsplit('-s', 1)[1]}) | {' | '.join(curves(p))} | {judged} | "
+                         f"{100 * p['clip_frac_low']:.2f} / {100 * p['clip_frac_high']:.2f} | {critic} |")
+    for name, figs in (others or {}).items():
+        for folder, f in figs:
+            run = os.path.basename(os.path.normpath(folder))
+            lines.append(f"| {name} ({run}) | {' | '.join(curves(f))} | | | | | |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], out: str, others: dict[str, list[dict]] | None = None) -> None:
     """ablation.png: held-out avg@k, greedy and (with bands) avg@k on the long chains against generated samples,
     and the held-out sampled responses' length (the same prompts at every point: a collapse shows); mean line
@@ -548,7 +578,8 @@ def main():
     rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses,
                       8 if args.quick else POLICY_PROBLEMS) for r, p, _ in chosen]
     os.makedirs(args.out, exist_ok=True)
-    trl = [run_figures(d) for d in args.trl if common.finished(d)]
+    trl_dirs = [d for d in args.trl if common.finished(d)]
+    trl = [run_figures(d) for d in trl_dirs]
     plot(rows, os.path.join(args.out, "ablation.png"), {"TRL GRPOTrainer": trl})
     views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png")) if (
         args.preset == "long") else None
@@ -564,6 +595,7 @@ def main():
                    f"\nthe policies on {8 if args.quick else POLICY_PROBLEMS} held-out problems, what they get "
                    f"wrong:\n\n"
                    f"{policy_table(rows, base_policy)}\n")
+    report += f"\nevery run:\n\n{seed_table(rows, {'TRL GRPOTrainer': list(zip(trl_dirs, trl))})}\n"
     report += (f"\ntime to learn (wall seconds to the first evaluation that gained as much held-out {k_of(rows)} "
                f"over the base):\n\n{time_to_learn(rows, {'TRL GRPOTrainer': trl})}\n")
     if views:

@@ -69,6 +69,10 @@ def test_every_row_runs_in_the_long_regime(tmp_path):
     assert any(k.startswith("reward model") for k in result["critics_at_start"])
     report = (out / "ablation.md").read_text()
     assert "credit at decisive tokens" in report and (out / "views.png").exists() and (out / "ablation.png").exists()
+    (ppo_line,) = [line for line in report.splitlines() if line.startswith("| PPO (0) |")]  # every run on a line
+    assert ppo_line.split(" | ")[1].count("->") == 2 and ppo_line.count("|") == 9
+    (grpo_line,) = [line for line in report.splitlines() if line.startswith("| GRPO (0) |")]
+    assert grpo_line.endswith("| no critic |")
 
 
 def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():
@@ -82,3 +86,19 @@ def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():
     assert ablation.verdict({"row": "PPO", "seeds": 3, "avg_final": (0.28, 0.05)}, vapo).startswith("not separated")
     assert ablation.verdict({"row": "PPO", "seeds": 1, "avg_final": (0.10, 0.0)}, vapo) == "-"
     assert ablation.verdict(vapo, vapo) == "-"
+
+
+def test_every_run_gets_a_line_with_its_curve():
+    """seed_table: a run's evaluations in order, its judged policy and critic; a run of another trainer (TRL's)
+    gets its curve, named by its folder."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    curve = [{"samples": 0, "greedy": 0.62, "avg@2": 0.195}, {"samples": 2560, "greedy": 0.641, "avg@2": 0.48}]
+    policy = {"greedy": {"lookup_rate": 0.082, "first_misread": 0.35}, "sampled": {"habit_rate": 0.087}}
+    rows = [{"row": "VAPO", "per_seed": [{"run": "vapo-s3", "eval_curve": curve, "policy_after_rl": policy,
+                                          "critic_after_rl": {"explained_variance": 0.06, "credit": 1.1},
+                                          "clip_frac_low": 0.0007, "clip_frac_high": 0.0001}]},
+            {"row": "GRPO"}]  # not run: no line
+    lines = ablation.seed_table(rows, {"TRL": [("runs/trl-s1/", {"eval_curve": curve})]}).splitlines()
+    assert lines[2] == "| VAPO (3) | 62.0 -> 64.1 | 19.5 -> 48.0 | 8.2 | 35.0 | 8.7 | 0.07 / 0.01 | 0.06 / 1.10 |"
+    assert lines[3] == "| TRL (trl-s1) | 62.0 -> 64.1 | 19.5 -> 48.0 | | | | | |" and len(lines) == 4
