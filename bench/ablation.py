@@ -366,7 +366,7 @@ def policy_table(rows: list[dict], base: dict | None) -> str:
     return "\n".join(lines)
 
 
-def seed_table(rows: list[dict], others: dict[str, list[dict]] | None = None) -> str:
+def seed_table(rows: list[dict], others: dict[str, list[tuple[str, dict]]] | None = None) -> str:
     """Every run on a line: held-out greedy and avg@k at each evaluation (0 -> ... -> the budget), what its final
     policy gets wrong (greedy misreads per step, the share of wrong greedy responses whose first error is a
     misread, the habit per sampled borrow step), its clipped shares at each bound, and its final critic on the
