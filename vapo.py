@@ -109,6 +109,10 @@ class Config(config.RunOptions):
     """policy learning rate (AdamW)"""
     critic_lr: float = 2e-6
     """value model learning rate (AdamW)"""
+    critic_mini_batch_size: int | None = None
+    """samples per critic optimizer step, the critic trained in a loop of its own after the policy's (verl: critic.ppo_mini_batch_size); none = the critic steps beside the policy on each of the actor's mini-batches (the paper does not say)"""
+    critic_epochs: int | None = None
+    """passes of the critic over each rollout batch, in its own loop (verl: critic.ppo_epochs); none = ppo_epochs"""
     warmup_steps: int = 10
     """optimizer steps of linear learning-rate warmup, then constant (our choice of length: the paper says warmup, not how long)"""
     weight_decay: float = 0.0
@@ -194,6 +198,11 @@ class Config(config.RunOptions):
     def overlong_cache(self) -> int:
         """Tokens before max_new_tokens over which the overlong penalty grows: overlong_cache_frac of the budget."""
         return round(self.overlong_cache_frac * self.max_new_tokens)
+
+    @property
+    def critic_apart(self) -> bool:
+        """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
+        return self.critic_mini_batch_size is not None or self.critic_epochs is not None
 
     @property
     def eps_high_used(self) -> float:
@@ -532,6 +541,10 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     the rules of sharding in mini_batches and micro_batches, of skipping in step_or_skip, of the logged figures
     in record_policy and record_critic.
 
+    With cfg.critic_apart the critic is trained on its own terms, as verl's critic is: after the policy's loop, a
+    loop of its own over critic_epochs passes of critic_mini_batch_size samples (the same targets: the returns
+    were fixed in phase 4); else it steps beside the policy on each of the actor's mini-batches.
+
     batch: "values", "returns" [B, T]; for the policy also "old_logprobs", "advantages" [B, T] and
     "positive" [B] bool. train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the
     policy only, and batch needs no "values" or "returns".
@@ -539,16 +552,26 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
     for m in models.values():
         m.train()
+    loops = [(models, cfg.mini_batch_size, cfg.ppo_epochs)]
+    if critic is not None and cfg.critic_apart:  # the critic's own mini-batches and epochs, after the policy's
+        loops = [({"critic": critic}, cfg.critic_mini_batch_size or cfg.mini_batch_size,
+                  cfg.critic_epochs or cfg.ppo_epochs)]
+        if train_policy:
+            loops.insert(0, ({"policy": policy}, cfg.mini_batch_size, cfg.ppo_epochs))
     stats, causes = Mean(), []
-    for mb, counts in mini_batches(rollout, batch, cfg, train_policy):
-        mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
-        for sub, part in micro_batches(rollout, batch, mb, cfg):
-            bad += micro_batch_losses(models.get("policy"), models.get("critic"), sub, part, counts, cfg, mb_stats)
-        cause = step_or_skip(models, optimizers, cfg, mb_stats, bad)
-        if cause is None:
-            stats.merge(mb_stats)
-        else:  # nothing of it is applied or averaged into the step's figures
-            causes.append(cause)
+    for trained, size, epochs in loops:
+        for mb, counts in mini_batches(rollout, batch, cfg, "policy" in trained, size, epochs):
+            mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
+            for sub, part in micro_batches(rollout, batch, mb, cfg):
+                bad += micro_batch_losses(trained.get("policy"), trained.get("critic"), sub, part, counts, cfg,
+                                          mb_stats)
+            if "policy" in trained and cfg.positive_nll and counts[2] > 0:  # the NLL's weight beside a token's PG
+                mb_stats.add({"nll_weight": cfg.mu * counts[0] / counts[2]})
+            cause = step_or_skip(trained, optimizers, cfg, mb_stats, bad)
+            if cause is None:
+                stats.merge(mb_stats)
+            else:  # nothing of it is applied or averaged into the step's figures
+                causes.append(cause)
     out = stats.result()
     out["skipped_nonfinite"] = len(causes)
     if causes:
@@ -601,15 +624,16 @@ def micro_batch_losses(policy, critic, sub: Rollout, d: dict, counts: tuple, cfg
     return bad
 
 
-def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool):
-    """Every epoch's shuffled mini-batches, each (mb, counts): mb the row indices of this process's share,
+def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool, size: int, epochs: int):
+    """Every epoch's (of `epochs`) shuffled mini-batches of `size` samples, each (mb, counts): mb the row indices of
+    this process's share,
     counts (tokens, non-empty samples, tokens of correct samples) of the whole mini-batch, every process's
     share: the normalisers of the token-level and sample-level losses and of the positive NLL. Sharded (scale/),
-    each process holds mini_batch_size / world size rows of every mini-batch, and the counts are those of the
+    each process holds size / world size rows of every mini-batch, and the counts are those of the
     whole mini-batch over all processes. A mini-batch of only empty responses is left out: no token to learn
     from, nothing to step."""
-    local_mini = cfg.mini_batch_size // parallel.world_size  # this process's share of a mini-batch
-    for _ in range(cfg.ppo_epochs):
+    local_mini = size // parallel.world_size  # this process's share of a mini-batch
+    for _ in range(epochs):
         # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
         for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
             mask = rollout.response_mask[mb]  # [b, T]
@@ -674,7 +698,7 @@ def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: "Mean", bad
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
         if not torch.isfinite(norm):
             bad.append(f"{name} gradient")
-        stats.add({f"grad_norm/{name}": norm.item()})
+        stats.add({f"grad_norm/{name}": norm.item(), f"grad_clipped/{name}": float(norm.item() > cfg.max_grad_norm)})
     if parallel.any(bool(bad)) and not bad:
         bad.append("loss in another process")
     if not bad:
@@ -726,7 +750,9 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
 
     The explained variance of each step is measured on that step's fresh rollouts *before* the critic trains on
     them, so it is a held-out figure. Stops after value_pretrain_steps, or earlier once the mean of the last 3
-    reaches value_pretrain_ev.
+    reaches value_pretrain_ev (the gate). The last step's record says whether the gate was reached
+    ("value_pretrain_reached", with "value_pretrain_ev_last3"); a cap reached first is also a warning: the critic
+    then starts RL below the explained variance it was asked for.
 
     progress = {"step": steps done, "recent": last explained variances} is updated in place (a resumed run passes
     the checkpoint's); should_stop() is asked after each step. Returns True when pretraining is finished, False
@@ -745,18 +771,26 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
             ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
             stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
                            train_policy=False)
-        progress["recent"] = (progress["recent"] + [ev])[-3:]
+        progress["recent"] = recent = (progress["recent"] + [ev])[-3:]
         progress["step"] = step + 1
-        emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss",) if k in stats},
+        reached = cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev
+        last = reached or step + 1 == cfg.value_pretrain_steps
+        gate = ({"value_pretrain_reached": reached, "value_pretrain_ev_last3": sum(recent) / len(recent)}
+                if last and cfg.value_pretrain_ev is not None else {})
+        emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss", "grad_clipped/critic")
+                                                   if k in stats},
               "explained_variance": ev, "skipped_nonfinite": stats["skipped_nonfinite"],
               "train_acc": batch_mean(scores > 0), "response_len": batch_mean(rollout.lengths),
-              "time/step": time.perf_counter() - t0})
-        recent = progress["recent"]
-        if cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev:
+              "time/step": time.perf_counter() - t0, **gate})
+        if reached:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
             return True
         if step + 1 < cfg.value_pretrain_steps and should_stop():
             return False
+    if cfg.value_pretrain_ev is not None and progress["recent"]:
+        log.warning("value pretraining stopped at its cap of %d steps with explained variance %.3f (mean of the last "
+                    "%d), below its gate of %.2f: the critic starts RL without reaching it", cfg.value_pretrain_steps,
+                    sum(progress["recent"]) / len(progress["recent"]), len(progress["recent"]), cfg.value_pretrain_ev)
     return True
 
 
