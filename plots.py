@@ -177,6 +177,7 @@ def probe_figure(record: dict, probe: dict, out: str) -> dict:
     title = "critic: V(s_t) and its return target"
     line(axes[0], title, "value", "V(s_t)")
     line(axes[0], title, "return", f"return target (lambda_critic {record['lam_critic']:g})", ls="--")
+    line(axes[0], title, "value_exact", "V*(s_t): the task's exact values (a constructed reference)", color="k", ls=":")
     axes[0].set_title(f"{title} (reward {probe['reward']:+g}, {n} tokens)")
     title = "policy advantage, raw (before whitening)"
     for key, label in ADVANTAGES:

@@ -479,14 +479,17 @@ class ExactValues:
 
     def floor_values(self, rollout, problems: list[dict]) -> torch.Tensor:
         """[B, T] the step-count floor on every response token: the mean reward of the observed responses to prompts
-        of the same number of steps (the overall mean where fewer than 5 were seen), 0 under the mask."""
+        of the same number of steps where at least 20 were seen, else of the same band of ten step counts (at least
+        5), else of all; 0 under the mask."""
         total = self._total()
-        seen = [v for k, v in total.items() if k[0] == "floor"]
-        overall = sum(h for _, h in seen) / max(sum(t for t, _ in seen), 1)
+        seen = {k[1]: v for k, v in total.items() if k[0] == "floor"}
+        overall = sum(h for _, h in seen.values()) / max(sum(t for t, _ in seen.values()), 1)
         per = []
         for p in problems:
-            tries, hits = total.get(("floor", p["n_steps"]), (0, 0.0))
-            per.append(hits / tries if tries >= 5 else overall)
+            tries, hits = seen.get(p["n_steps"], (0, 0.0))
+            band = [v for n, v in seen.items() if (n - 1) // 10 == (p["n_steps"] - 1) // 10]
+            band_tries, band_hits = sum(t for t, _ in band), sum(h for _, h in band)
+            per.append(hits / tries if tries >= 20 else band_hits / band_tries if band_tries >= 5 else overall)
         return torch.tensor(per, device=rollout.response_mask.device)[:, None] * rollout.response_mask
 
     def summary(self) -> dict:

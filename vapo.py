@@ -73,6 +73,7 @@ from losses import (explained_variance, head_mask, kl_to_reference, masked_mean,
 from reward import Verifier, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 from run import Progress, Run, SingleProcess, load_inputs
+from task import ExactValues
 
 log = logging.getLogger("vapo")
 
@@ -258,6 +259,8 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
     run.attach(policy, critic, tokenizer, optimizers, engine)
     progress = Progress()
+    judge = critic_judge(cfg, critic, tokenizer)  # the built-in task's exact values beside the critic, or None
+    run.views.exact = judge.exact if judge is not None else None  # V* drawn beside V(s_t) once it is measured
     if resume:
         progress = run.restore()
         sync_engine(engine, policy, parallel)  # the engine samples from the restored weights
@@ -273,7 +276,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                 evaluate_at(0, "step 0")  # the base model's accuracy
             if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
                 if not pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, run.emit,
-                                      progress.pretrain, should_stop=run.stop_requested):
+                                      progress.pretrain, should_stop=run.stop_requested, judge=judge):
                     run.save(progress)  # stopped by a signal: resumable mid-pretraining
                     run.stopped(0)
                     return run.finish(final_plot=False)
@@ -284,7 +287,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             run.save(progress)
         for step in run.steps(progress):
             run.views.keep_old(policy, step + 1)  # the probes' pi_old, when this step is evaluated
-            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference)  # phases 1-6
+            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference, judge)  # 1-6
             sync_engine(engine, policy, parallel)  # the next rollout samples from the updated weights
             if run.after_step(record, progress, evaluate_at):  # log; then evaluate, plot, save or stop
                 break
@@ -292,10 +295,11 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
 
 
 def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier,
-            reference=None) -> dict:
+            reference=None, judge=None) -> dict:
     """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
     critic None (GRPO, DAPO): nothing is scored or trained for it. reference: the frozen initial policy of
-    --kl-coef (None: no KL term). A step left without samples (dynamic sampling
+    --kl-coef (None: no KL term). judge: critic_judge's measure of the critic against the task's exact values
+    (None: not measured). A step left without samples (dynamic sampling
     found no group with varied rewards) skips phases 3-5 and says so in its record."""
     t_start = time.perf_counter()
     prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
@@ -348,7 +352,36 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                    "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "lam_policy": batch_mean(lam_policy)}
+        if judge is not None:
+            record |= judge(rollout, [prompts[int(i)] for i in rollout.prompt_index], values, returns, rewards)
     return record
+
+
+def critic_judge(cfg: Config, critic, tokenizer):
+    """On the built-in task, in one process, with a critic and without dynamic sampling: a function that measures a
+    step's critic against the task's own references (task.ExactValues, constructed for measuring, never trained on),
+    each fitted on the responses of the 8 steps before it (so never on the batch it judges), then counts the batch:
+
+        ev_floor        explained variance of the return by the step-count floor (a lookup of the prompt's steps)
+        ev_exact        by V*, the exact values of the current policy (what no critic beats in expectation)
+        ev_critic_exact 1 - Var(V* - V) / Var(V*): the share of V*'s variance the critic explains
+
+    None elsewhere (datasets have no exact values; a sharded run's batch is split over processes)."""
+    if critic is None or not cfg.builtin or cfg.dynamic_sampling or parallel.world_size > 1:
+        return None
+    exact = ExactValues(window=8)
+
+    def judge(rollout, problems, values, returns, rewards) -> dict:
+        mask = rollout.response_mask
+        out = {}
+        if exact.batches:
+            out = {"ev_floor": explained_variance(exact.floor_values(rollout, problems), returns, mask),
+                   "ev_exact": explained_variance(star := exact.values(rollout, problems, tokenizer), returns, mask),
+                   "ev_critic_exact": explained_variance(values, star, mask)}
+        exact.observe(rollout.texts, problems, rewards)
+        return out
+    judge.exact = exact
+    return judge
 
 
 def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
@@ -744,7 +777,7 @@ def autocast(cfg: Config, device: torch.device):
 # ==================================================================================================================
 
 def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier, emit,
-                   progress: dict | None = None, should_stop=lambda: False) -> bool:
+                   progress: dict | None = None, should_stop=lambda: False, judge=None) -> bool:
     """Technique 1, Value-Pretraining (section 3.1): critic-only steps on rollouts of the frozen initial policy,
     targets = Monte-Carlo returns (GAE with lambda = 1: every token's target is the final reward).
 
@@ -755,8 +788,9 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     then starts RL below the explained variance it was asked for.
 
     progress = {"step": steps done, "recent": last explained variances} is updated in place (a resumed run passes
-    the checkpoint's); should_stop() is asked after each step. Returns True when pretraining is finished, False
-    when it stopped early on request (the caller checkpoints progress)."""
+    the checkpoint's); should_stop() is asked after each step; judge (critic_judge's, or None) counts the frozen
+    policy's rollouts, so that the task's exact values are known from the first RL step. Returns True when
+    pretraining is finished, False when it stopped early on request (the caller checkpoints progress)."""
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
@@ -764,6 +798,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                                                config.stream(cfg.seed, "pretrain_prompts")))
         rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
+        if judge is not None:
+            judge.exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], scores)
         with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
             with autocast(cfg, mask.device):
                 values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
@@ -890,7 +926,8 @@ def group_all_same(scores: torch.Tensor, G: int) -> float:
 # Logged figures that are NaN by definition when undefined (not a fault): explained variance (overall, on the
 # first tenth of responses, on the rest) when every return there is the same (Var[R] = 0), groups_all_same without
 # groups (G = 1). Every other logged number is finite.
-UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same")
+UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
+                    "ev_critic_exact")
 
 
 # ==================================================================================================================

@@ -52,6 +52,7 @@ class TokenViews:
         self.path, self.probes_path = os.path.join(run.dir, "tokens.jsonl"), os.path.join(run.dir, "probes.json")
         self.enabled = run.cfg.token_views and run.parallel.world_size == 1
         self.probes, self.old_logprobs, self.rows = None, None, None
+        self.exact = None  # the built-in task's exact values of the current policy (task.ExactValues), once measured
 
     def _probes(self, engine, held_out, verifier):
         """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
@@ -116,6 +117,9 @@ class TokenViews:
             adaptive, returns = decoupled_gae(terminal, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
                                               lam_critic=cfg.lam_critic)
             rows |= {"value": values, "return": returns, "adv_adaptive": adaptive}
+            if self.exact is not None and self.exact.batches and self.rows and "expr" in self.rows[0]:
+                problems = [self.rows[b // PROBE_SAMPLES] for b in range(probes.B)]
+                rows["value_exact"] = self.exact.values(probes, problems, self.run.tokenizer)  # [B, T] V*, beside V
             for name, lam in (("adv_0.95", 0.95), ("adv_1.0", 1.0)):
                 rows[name] = gae(terminal, values, mask, gamma=cfg.gamma, lam=lam)[0]
             counts = mask.sum(0).clamp(min=1)  # [T] responses that reach position t

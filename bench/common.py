@@ -177,8 +177,10 @@ def mean_sd(values) -> tuple[float, float] | None:
 def summarise_run(run_dir: str) -> dict | None:
     """The figures of one finished run folder (None if it did not finish): held-out accuracy (avg@k and greedy)
     at the first and the last evaluation and the gains, the final greedy length over the base's, the critic's
-    explained variance (value pretraining's last 3 steps; the RL steps' mean), means over the RL steps of the clip
-    fraction, approx KL and entropy, and the run's seconds."""
+    explained variance (value pretraining's last 3 steps and whether it reached its gate; the RL steps' mean, beside
+    the step-count floor's and V*'s on the same steps, and the critic's fit to V*), means over the RL steps of the
+    share of clipped critic steps, the NLL's weight, the clip fraction, approx KL and entropy, and the run's
+    seconds."""
     if not finished(run_dir):
         return None
     records = read_records(run_dir)
@@ -200,7 +202,11 @@ def summarise_run(run_dir: str) -> dict | None:
         "len_ratio": last["eval/response_len_greedy"] / first["eval/response_len_greedy"],
         "pretrain_ev_last3": statistics.mean(r["explained_variance"] for r in pre[-3:]) if pre else nan,
         "pretrain_steps": len(pre),
-        "ev": mean_of(rl, "explained_variance", nan), "clip_frac": mean_of(rl, "clip_frac", nan),
+        "pretrain_reached": next((r["value_pretrain_reached"] for r in pre if "value_pretrain_reached" in r), None),
+        "ev": mean_of(rl, "explained_variance", nan), "ev_floor": mean_of(rl, "ev_floor", nan),
+        "ev_exact": mean_of(rl, "ev_exact", nan), "ev_critic_exact": mean_of(rl, "ev_critic_exact", nan),
+        "clipped_critic": mean_of(rl, "grad_clipped/critic", nan), "nll_weight": mean_of(rl, "nll_weight", nan),
+        "clip_frac": mean_of(rl, "clip_frac", nan),
         "approx_kl": mean_of(rl, "approx_kl", nan), "entropy": mean_of(rl, "entropy", nan),
         "run_seconds": last["time/elapsed"], "wall_seconds": wall,
     }

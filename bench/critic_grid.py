@@ -43,7 +43,7 @@ from common import folder_of
 from engines import HFEngine
 from gae import gae, terminal_rewards
 from losses import explained_variance
-from models import load_policy, load_value_model
+from models import load_policy, load_tokenizer, load_value_model
 from rollout import Rollout, score_rollout
 
 OUT = os.path.join(common.ROOT, "runs", "critic-grid")
@@ -162,6 +162,7 @@ def fit_cell(lr: float, mb: int, epochs: int, lam: float, out: str) -> dict:
                 "clipped_frac": stats.get("grad_clipped/critic"), "value_loss": stats.get("value_loss"),
                 "seconds": time.time() - t0})
     os.makedirs(os.path.join(out, "cells"), exist_ok=True)
+    torch.save(v.half(), os.path.join(out, "cells", result["cell"] + ".values.pt"))  # the final V(s_t) on validation
     common.write_json(os.path.join(out, "cells", result["cell"] + ".json"), result)
     last = result["checkpoints"][-1]
     print(f"{result['cell']}: EV return {last['ev_return']:+.3f} (floor {refs['ev_floor']:+.3f}, V* "
@@ -208,7 +209,102 @@ def main(argv=None):
 
 
 def report(out: str, doc: str) -> None:
-    raise NotImplementedError
+    """docs/critic-grid.md and its figure from out/cells: every cell of GRID, the references beside them."""
+    buffer = load_buffer(out)
+    refs = references(buffer, load_tokenizer(folder_of("builtin-long")))
+    cells = []
+    for c in itertools.product(*GRID.values()):
+        path = os.path.join(out, "cells", cell_name(*c) + ".json")
+        cells.append(common.read_json(path) if os.path.exists(path) else None)
+    done = [c for c in cells if c is not None]
+    best = max(done, key=lambda c: c["checkpoints"][-1]["ev_return"])
+    lines = [
+        "# The critic-only grid (`python bench/critic_grid.py`)", "",
+        f"Buffer sampled {buffer['date']} on {buffer['machine']}; cells fitted on the same machine, one thread each.",
+        "", "Validation: 64 training-split prompts x 8 samples of the base policy (not the held-out problems the docs "
+        "report). References on it, fitted on the 20 training batches: the step-count floor explains "
+        f"**{refs['ev_floor']:.3f}** of the return's variance, the exact values V* **{refs['ev_exact']:.3f}** "
+        f"(measured rates: guess {refs['rates']['guess']:.3f}, a borrow line right {refs['rates']['borrow_line']:.3f}, "
+        f"another line {refs['rates']['other_line']:.3f}).", "",
+        "Each cell starts from the shipped outcome reward model and sees the 20 batches of 64 once, in shuffled "
+        "critic mini-batches (`vapo.update(..., train_policy=False)`: warmup 5 steps, gradient clip 1.0). EV = "
+        "explained variance on the validation set after 5 / 10 / 20 batches; EV of V* = 1 - Var(V* - V) / Var(V*); "
+        "clipped = share of the last batch's critic steps whose gradient norm was clipped.", "",
+        "| lr | critic mini-batch | lambda | steps | EV 5 | EV 10 | EV 20 | EV of V* (20) | clipped | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in done:
+        cp = c["checkpoints"]
+        lines.append(f"| {c['lr']:g} | {c['mb']} | {c['lam']:g} | {cp[-1]['optimizer_steps']} | "
+                     + " | ".join(f"{p['ev_return']:+.3f}" for p in cp)
+                     + f" | {cp[-1]['ev_exact']:+.3f} | {cp[-1]['clipped_frac']:.2f} | {cp[-1]['seconds']:.0f} |")
+    lines += ["", "Credit where a response first goes wrong, on the validation set's wrong responses: the share of the "
+              "advantage's magnitude on each one's first wrong token (task.first_error) over that token's share of "
+              "the tokens (1 = spread evenly; GRPO's group advantage, the same on every token of a response, gives "
+              "about 1); TD errors are lambda 0, the policy's advantages lambda = 1 - 1 / (0.5 l) (--preset long's "
+              "alpha). A value function puts the TD error where the outcome was decided.", "",
+              "| values | EV of the return | credit at the first error: TD error | advantage (adaptive lambda) |",
+              "|---|---|---|---|"]
+    tokenizer = load_tokenizer(folder_of("builtin-long"))
+    shown = {"V* (exact values)": refs["exact"], "step-count floor": refs["floor"]}
+    for c in (best, next((c for c in done if (c["lr"], c["mb"], c["lam"]) == (1e-3, 4, 1.0)), None)):
+        path = os.path.join(out, "cells", f"{c['cell']}.values.pt") if c else ""
+        if c and os.path.exists(path):
+            shown[f"critic {c['cell']}"] = torch.load(path).float()
+    for name, values in shown.items():
+        f = credit_figures(values, buffer["validation"], tokenizer)
+        lines.append(f"| {name} | {f['ev']:+.3f} | {f['credit_td']:.2f} | {f['credit_adaptive']:.2f} |")
+    missing = [cell_name(*c) for c, r in zip(itertools.product(*GRID.values()), cells) if r is None]
+    lines += ["", f"Best on validation: **{best['cell']}**, EV {best['checkpoints'][-1]['ev_return']:+.3f} against the "
+              f"floor's {refs['ev_floor']:+.3f}." + (f" Not run: {', '.join(missing)}." if missing else "")]
+    figure = os.path.splitext(doc)[0] + ".png"
+    draw(done, refs, figure)
+    lines += ["", f"![EV by learning rate]({os.path.basename(figure)})", ""]
+    with open(doc, "w") as fh:
+        fh.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+def credit_figures(values: torch.Tensor, part: dict, tokenizer) -> dict:
+    """values [B, T] on a buffer part: their explained variance of the return, and the credit (common.credit) at
+    each wrong response's first wrong token of the TD errors (lambda 0) and of the length-adaptive advantages."""
+    from gae import length_adaptive_lambda
+    rollout, rewards = part["rollout"], rewards_of(part)
+    mask = rollout.response_mask
+    at = torch.zeros_like(mask, dtype=torch.bool)
+    for b in range(rollout.B):
+        char = task.first_error(rollout.texts[b], part["problems"][b])
+        if char is not None:
+            at[b, min(int((common.token_ends(tokenizer, rollout, b) <= char).sum()), int(rollout.lengths[b]) - 1)] = True
+    terminal = terminal_rewards(rewards, mask)
+    td = gae(terminal, values, mask, lam=0.0)[0]
+    adaptive = gae(terminal, values, mask, lam=length_adaptive_lambda(rollout.lengths, 0.5))[0]
+    return {"ev": explained_variance(values, terminal_returns(rewards, mask), mask),
+            "credit_td": common.credit(td, mask, at), "credit_adaptive": common.credit(adaptive, mask, at)}
+
+
+def draw(cells: list[dict], refs: dict, path: str) -> None:
+    """EV of the return after 20 batches against the learning rate, a line per critic mini-batch, a panel per
+    lambda, with the floor and V* as horizontal lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    lams = GRID["lam"]
+    fig, axes = plt.subplots(1, len(lams), figsize=(5 * len(lams), 3.6), sharey=True)
+    for ax, lam in zip(axes, lams):
+        for mb in GRID["mb"]:
+            pts = sorted((c["lr"], c["checkpoints"][-1]["ev_return"]) for c in cells if c["mb"] == mb and c["lam"] == lam)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"critic mini-batch {mb}")
+        ax.axhline(refs["ev_floor"], color="gray", ls="--", label="step-count floor")
+        ax.axhline(refs["ev_exact"], color="k", ls=":", label="V* (exact values)")
+        ax.set_xscale("log")
+        ax.set_xlabel("critic learning rate")
+        ax.set_title(f"target lambda {lam:g}")
+    axes[0].set_ylabel("EV of the return (validation)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,184 @@
+"""The critic on its own terms (its mini-batches, epochs, gate) and the task's exact values it is measured against."""
+import logging
+
+import pytest
+import torch
+
+import task
+import vapo
+from test_vapo import read_metrics, tiny_config
+
+# a two-step problem whose first step is a borrow (12 - 5 crosses ten): the habit writes 17 there
+PROBLEM = {"prompt": "Compute: 12 a-5 b+3\n", "answer": "10", "n_steps": 2}
+RIGHT = "12 a-5=07\n07 b+3=10\nAnswer: 10"
+HABIT = "12 a-5=17\n17 b+3=20\nAnswer: 20"
+
+
+def observed() -> task.ExactValues:
+    """30 right chains, 10 with the habit (they leave the chain at character 7), 10 right and 10 wrong guesses."""
+    exact = task.ExactValues()
+    texts = [RIGHT] * 30 + [HABIT] * 10 + ["Answer: 10"] * 10 + ["Answer: 3"] * 10
+    rewards = [1.0] * 30 + [-1.0] * 10 + [1.0] * 10 + [-1.0] * 10
+    exact.observe(texts, [PROBLEM] * len(texts), torch.tensor(rewards))
+    return exact
+
+
+def test_the_chain_is_the_solver_and_its_keys_name_each_line():
+    chain, keys = task.ExactValues._chain(PROBLEM)
+    assert chain == RIGHT == task.solve(PROBLEM)
+    assert keys[:10] == [("borrow", 0, i) for i in range(10)] and keys[10:20] == [("other", 0, i) for i in range(10)]
+    assert keys[20:] == [("answer", i) for i in range(len("Answer: 10"))]
+
+
+def test_exact_values_hand_worked():
+    """P(guess) = 1/3, P(right | guess) = 1/2, the borrow's tens digit right 30 times in 40, every other character
+    always: V* = 2 P(right) - 1 before the first character (1/3 x 1/2 + 2/3 x 3/4 = 2/3 -> 1/3), 0.5 on the chain
+    up to the borrow's digit, 1 once it is written right, -1 once it is written wrong; a guess is worth 0 until
+    it leaves the gold answer (-1) or completes it (1)."""
+    exact = observed()
+    assert exact.rate(("borrow", 0, 7)) == pytest.approx(0.75)
+    assert exact.rate(("borrow", 0, 8)) == 1.0 and exact.rate(("eos",)) == 1.0
+    right = exact.char_values(RIGHT, PROBLEM)
+    assert len(right) == len(RIGHT) + 1
+    assert right[0] == pytest.approx(1 / 3)
+    assert right[1:8] == pytest.approx([0.5] * 7)
+    assert right[8:] == pytest.approx([1.0] * (len(RIGHT) - 7))
+    habit = exact.char_values(HABIT, PROBLEM)
+    assert habit[1:8] == pytest.approx([0.5] * 7) and habit[8:] == [-1.0] * (len(HABIT) - 7)
+    assert exact.char_values("Answer: 10", PROBLEM)[1:] == pytest.approx([0.0] * 9 + [1.0])
+    assert exact.char_values("Answer: 3", PROBLEM)[1:] == pytest.approx([0.0] * 8 + [-1.0])
+    s = exact.summary()
+    assert s["guess"] == pytest.approx(1 / 3) and s["borrow_line"] == pytest.approx(0.75) and s["other_line"] == 1.0
+
+
+def test_exact_values_and_the_floor_on_a_rollout_by_token(tokenizer):
+    """values() maps each token to the state before it (the EOS token: the state after the whole text);
+    floor_values() is the mean reward of the prompt's step count: (30 + 10 - 10 - 10) / 60 = 1/3 on every token."""
+    exact = observed()
+    texts = [RIGHT, HABIT]
+    ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    T = max(map(len, ids))
+
+    class Batch:
+        B = 2
+        lengths = torch.tensor([len(i) for i in ids])
+        response_ids = torch.tensor([i + [tokenizer.pad_token_id] * (T - len(i)) for i in ids])
+        response_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    star = exact.values(Batch, [PROBLEM] * 2, tokenizer)
+    for b, text in enumerate(texts):
+        chars = exact.char_values(text, PROBLEM)
+        assert star[b, :len(text) + 1].tolist() == pytest.approx(chars)
+        assert (star[b, len(text) + 1:] == 0).all()
+    floor = exact.floor_values(Batch, [PROBLEM] * 2)
+    assert floor[0, :len(ids[0])].tolist() == pytest.approx([1 / 3] * len(ids[0]))
+    assert (floor * (1 - Batch.response_mask) == 0).all()
+
+
+def test_exact_values_explain_the_return_better_than_the_floor():
+    """On responses of two step counts whose success hangs on one borrow each, V* (which sees the borrow's digit)
+    explains more of the return's variance than the step-count floor (which sees only the prompt)."""
+    from losses import explained_variance
+    exact = observed()
+    texts = [RIGHT] * 3 + [HABIT]
+    chars = [exact.char_values(t, PROBLEM) for t in texts]
+    T = max(map(len, chars))
+    mask = torch.tensor([[1] * len(c) + [0] * (T - len(c)) for c in chars])
+    star = torch.tensor([c + [0.0] * (T - len(c)) for c in chars])
+    returns = torch.tensor([1.0, 1.0, 1.0, -1.0])[:, None] * mask
+    floor = torch.full_like(star, 1 / 3) * mask
+    assert explained_variance(star, returns, mask) > explained_variance(floor, returns, mask) + 0.3
+
+
+def count_steps(monkeypatch) -> list[tuple]:
+    """Records which models each optimizer step (vapo.step_or_skip) stepped."""
+    calls = []
+    real = vapo.step_or_skip
+
+    def spy(models, optimizers, cfg, stats, bad):
+        calls.append(tuple(sorted(models)))
+        return real(models, optimizers, cfg, stats, bad)
+    monkeypatch.setattr(vapo, "step_or_skip", spy)
+    return calls
+
+
+def test_the_critic_steps_beside_the_policy_by_default(tiny_model_dir, tmp_path, monkeypatch):
+    calls = count_steps(monkeypatch)
+    vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=1))
+    # value pretraining: 8 samples in mini-batches of 4; the RL step: the same, both models on each
+    assert calls == [("critic",)] * 2 + [("critic", "policy")] * 2
+
+
+def test_the_critic_on_its_own_mini_batches_and_epochs(tiny_model_dir, tmp_path, monkeypatch):
+    """--critic-mini-batch-size 2 --critic-epochs 3: 3 x 8 / 2 = 12 critic steps after the policy's 2, in value
+    pretraining and in each RL step; the share of clipped critic steps and the NLL's weight are logged."""
+    calls = count_steps(monkeypatch)
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=1,
+                                     critic_mini_batch_size=2, critic_epochs=3))
+    assert calls == [("critic",)] * 12 + [("policy",)] * 2 + [("critic",)] * 12
+    step = [r for r in read_metrics(run_dir) if r.get("step") == 1 and "train_acc" in r][0]
+    assert 0 <= step["grad_clipped/critic"] <= 1 and 0 <= step["grad_clipped/policy"] <= 1
+    assert "value_loss" in step and "policy_loss" in step
+
+
+def test_the_nll_weight_is_mu_times_tokens_over_positive_tokens(monkeypatch):
+    """The positive NLL's weight beside one token of a token-level policy loss: mu x N_tokens / N_positive_tokens
+    of the mini-batch (two responses of 3 and 1 tokens, the first correct: 2 x 4 / 3)."""
+    from types import SimpleNamespace
+    cfg = vapo.Config(prompts_per_step=1, samples_per_prompt=2, mini_batch_size=2, micro_batch_size=2, mu=2.0)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    rollout = SimpleNamespace(B=2, response_mask=mask, lengths=mask.sum(-1))
+    monkeypatch.setattr(vapo, "micro_batches", lambda *a: iter(()))
+    monkeypatch.setattr(vapo, "step_or_skip", lambda *a: None)
+    out = vapo.update(torch.nn.Linear(1, 1), None, {}, rollout, {"positive": torch.tensor([True, False])}, cfg)
+    assert out["nll_weight"] == pytest.approx(2.0 * 4 / 3)
+
+
+def test_value_pretraining_says_when_its_cap_came_before_its_gate(tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="vapo"):
+        run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "capped", steps=0, value_pretrain_steps=2,
+                                         value_pretrain_ev=0.99))
+    pretrain = [r for r in read_metrics(run_dir) if "value_pretrain_step" in r]
+    assert [r["value_pretrain_step"] for r in pretrain] == [1, 2]
+    assert "value_pretrain_reached" not in pretrain[0]
+    assert pretrain[-1]["value_pretrain_reached"] is False
+    assert pretrain[-1]["value_pretrain_ev_last3"] == pytest.approx(  # NaN when every return was the same
+        sum(r["explained_variance"] for r in pretrain) / 2, nan_ok=True)
+    assert "below its gate of 0.99" in caplog.text
+
+
+def test_value_pretraining_stops_at_its_gate_and_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(vapo, "explained_variance", lambda *a, **k: 0.5)  # a random model's returns are all alike
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "gated", steps=0, value_pretrain_steps=6,
+                                     value_pretrain_ev=0.4))  # reached once three steps are in: after the third
+    pretrain = [r for r in read_metrics(run_dir) if "value_pretrain_step" in r]
+    assert len(pretrain) == 3 and pretrain[-1]["value_pretrain_reached"] is True
+
+
+@pytest.mark.parametrize("overrides, option", [
+    (dict(prompts_per_step=4, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=2,
+          critic_mini_batch_size=3), "--critic-mini-batch-size"),
+    (dict(prompts_per_step=4, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=4,
+          critic_mini_batch_size=2), "--micro-batch-size"),
+    (dict(critic_epochs=0), "--critic-epochs"),
+])
+def test_the_critics_options_are_checked(overrides, option):
+    with pytest.raises(ValueError, match=option):
+        vapo.Config(**overrides).validate()
+
+
+def test_the_judge_measures_the_critic_on_what_it_saw_before(tiny_model_dir, tmp_path):
+    """On the built-in task the RL records carry the floor's, V*'s and the critic's fit to V*, each fitted on the
+    batches before (value pretraining's rollouts count; without it the first step has nothing seen yet), and the
+    teaching views draw V* beside V(s_t) once it is known; GRPO has no critic to judge."""
+    keys = {"ev_floor", "ev_exact", "ev_critic_exact"}
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=1))
+    steps = [r for r in read_metrics(run_dir) if "train_acc" in r and "step" in r]
+    assert keys <= set(steps[0])
+    from plots import read_tokens
+    views = read_tokens(run_dir)
+    assert [any("value_exact" in p for p in r["probes"]) for r in views] == [False, True, True]  # step 0: none yet
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "cold", steps=2, value_pretraining=False))
+    steps = [r for r in read_metrics(run_dir) if "train_acc" in r and "step" in r]
+    assert not keys & set(steps[0]) and keys <= set(steps[1])
+    assert vapo.critic_judge(tiny_config(tiny_model_dir, tmp_path / "g", algo="grpo", **vapo.ALGORITHMS["grpo"]),
+                             None, None) is None
