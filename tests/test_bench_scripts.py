@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -372,3 +373,46 @@ def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
     assert not long_seeds.verdict(flat, kept, base)["above_base"]  # equal is not above
     table = long_seeds.table([{"seed": 0, "run": run, "policy": kept, "verdict": v}], base)
     assert "| 0 | 58.0 -> 60.0 (+- 1.5) | 16.0 -> 35.0 (+- 1.0) | 9.5 | 38.0 | 10.0 |" in table and "| yes | yes |" in table
+
+
+class FakeDevice:
+    """One device's peak counters as torch keeps them: allocated and reserved now, their peaks since the last reset."""
+
+    def __init__(self):
+        self.allocated = self.reserved = self.peak = self.peak_reserved = 0.0
+
+    def use(self, allocated, reserved):
+        self.allocated, self.reserved = allocated, reserved
+        self.peak, self.peak_reserved = max(self.peak, allocated), max(self.peak_reserved, reserved)
+
+    def reset(self, device):
+        self.peak, self.peak_reserved = self.allocated, self.reserved
+        return True
+
+
+def test_nested_peak_counters_do_not_reset_each_other(monkeypatch):
+    """A part's counter around value pretraining's around an update's: each start() resets the device's one set
+    of peak counters, yet the outer counters keep their own larger peaks, allocated and reserved."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import common
+    fake = FakeDevice()
+    monkeypatch.setattr(common, "device_peaks", lambda device: (fake.peak, fake.peak_reserved))
+    monkeypatch.setattr(common, "reset_device_peaks", fake.reset)
+    monkeypatch.setattr(common, "in_use", lambda device: fake.allocated)
+    device = torch.device("cuda", 0)  # never touched: the fake stands for its counters
+    part, pretrain, update = (common.PeakMemory(device) for _ in range(3))
+    part.start()
+    fake.use(10e6, 12e6)  # the part's peak, before the inner counters start
+    fake.use(2e6, 12e6)
+    pretrain.start()
+    fake.use(6e6, 14e6)  # pretraining's own peak; the reserved memory grows
+    fake.use(1e6, 14e6)
+    update.start()
+    fake.use(4e6, 14e6)
+    inner = update.stop()
+    fake.use(5e6, 16e6)
+    middle, outer = pretrain.stop(), part.stop()
+    assert (inner["peak_mb"], inner["peak_reserved_mb"]) == (4, 14)
+    assert (middle["peak_mb"], middle["peak_reserved_mb"]) == (6, 16)
+    assert (outer["peak_mb"], outer["peak_reserved_mb"]) == (10, 16)
+    assert common.PeakMemory.OPEN == []
