@@ -306,8 +306,8 @@ def in_process_vllm():
     carry every tensor across a process boundary (and the trainer's tensors would not be the engine's)."""
     asked = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if asked.strip().lower() not in ("0", "false"):
-        raise SystemExit(f"VLLM_ENABLE_V1_MULTIPROCESSING={asked} in the environment: the trainer runs vLLM's engine in "
-                         f"its own process and writes weights into it there; unset it or set it to 0")
+        raise SystemExit(f"VLLM_ENABLE_V1_MULTIPROCESSING={asked} in the environment: the trainer runs vLLM's engine "
+                         f"in its own process and writes weights into it there; unset it or set it to 0")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
