@@ -51,12 +51,14 @@ The parts, in this order (the most telling first, so that a late failure loses t
   generation, sleep and weight sync, timed, with the device memory in use after each.
 
 The time plan (PLAN_S, seconds; --budget-s scales it): 400 s of part boxes. Where vLLM is installed: update 25,
-train 90, resume 40, sample 50, sharded 60, evaluate 25, vllm 110. Where it is not (the GPU machine's image):
-its 110 s go to the parts it would crowd out: update 30, train 100, resume 40, sample 80, sharded 110, evaluate
-40 (PLAN_WITHOUT_VLLM_S). No part starts, and no box runs, past --deadline-s (460 s after the start), a part that
-would get under MIN_BOX_S is skipped, saying so; a part stopped at its box finishes the step under way (train,
-resume, vllm) or gets SHARDED_GRACE_S to write its checkpoint (sharded). With the imports and the model's build
-before the first part, the whole check ends well inside 9 minutes: about 8 at most, 7 typically.
+train 90, resume 40, sample 50, sharded 70, evaluate 15, vllm 110. Where it is not (the GPU machine's image): its
+110 s go to the new parts and the evaluation: update 30, train 100, resume 40, sample 65, sharded 140 (two
+processes' start, loading and checkpoints of 12 GB), evaluate 25 (PLAN_WITHOUT_VLLM_S). Setup (the imports, about
+10 s, and the model's build and save, about 20 s) comes first. No part starts, and no box runs, past --deadline-s
+(440 s after the imports); a part left less than MIN_BOX_S is skipped, saying so. A part stopped at its box
+finishes the step under way (train, resume, vllm: at most a step and a checkpoint, 30-60 s) or gets
+SHARDED_GRACE_S (45 s) to write its checkpoint (sharded), and only the last part's overrun can pass the deadline:
+about 7.5 minutes typically, at most 8.5 (10 + 440 + 60 s), inside a 9-minute command limit.
 
 No download: the model is built here from a Qwen2Config of Qwen2.5-0.5B's shape (QWEN25_05B: hidden 896, 24
 layers, 14 attention heads and 2 KV heads of 64 dimensions, intermediate 4864, vocabulary 151,936, tied
@@ -124,13 +126,13 @@ TINY_RUN = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, eva
                 sharded_prompts=2, sharded_samples=2, sharded_new_tokens=16)
 
 PARTS = ("update", "train", "numerics", "resume", "sample", "sharded", "evaluate", "vllm")  # in the order they run
-PLAN_S = dict(update=25, train=90, numerics=0, resume=40, sample=50, sharded=60, evaluate=25, vllm=110)
-PLAN_WITHOUT_VLLM_S = dict(update=30, train=100, numerics=0, resume=40, sample=80, sharded=110, evaluate=40, vllm=0)
+PLAN_S = dict(update=25, train=90, numerics=0, resume=40, sample=50, sharded=70, evaluate=15, vllm=110)
+PLAN_WITHOUT_VLLM_S = dict(update=30, train=100, numerics=0, resume=40, sample=65, sharded=140, evaluate=25, vllm=0)
 PLAN_TOTAL_S = 400  # what --budget-s scales: both plans sum to it
-DEADLINE_S = 460  # no part starts, or runs on, later than this after the start (default of --deadline-s)
+DEADLINE_S = 440  # no part starts, or runs on, later than this after the start (default of --deadline-s)
 MIN_BOX_S = 5  # a part left less than this before the deadline is skipped
 STOP_GRACE_S = 90  # after a SIGTERM from outside: the step under way and its checkpoint, then the process ends
-SHARDED_GRACE_S = 60  # after a sharded process's box: its SIGTERM stop (a step and a checkpoint) before a SIGKILL
+SHARDED_GRACE_S = 45  # after a sharded process's box: its SIGTERM stop (a step and a checkpoint) before a SIGKILL
 CHECKPOINT_PARTS = ("train", "resume", "sharded")  # the parts that write checkpoints into the work folder
 
 # docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each;
@@ -480,12 +482,15 @@ class Report:
         self.save()
 
 
-def compact(result: dict, limit: int = 2500) -> dict:
-    """A part's result for its stdout line: lists of records left out (they are in the JSON file) when the line
-    would be longer than limit, a traceback cut to its end."""
-    out = {k: (v[-1500:] if k == "traceback" else v) for k, v in result.items()}
-    if len(json.dumps(out)) > limit:
-        out = {k: v for k, v in out.items() if not isinstance(v, list)}
+def compact(result: dict, limit: int = 1200) -> dict:
+    """A part's result for its stdout line (a command's output keeps only its tail): when the line would be longer
+    than limit, lists and larger dicts left out (they are in the JSON file), then the traceback cut to its end."""
+    out = dict(result)
+    for drop in (lambda v: isinstance(v, list), lambda v: isinstance(v, dict) and len(json.dumps(v)) > 300):
+        if len(json.dumps(out)) > limit:
+            out = {k: v for k, v in out.items() if k in ("measured", "traceback") or not drop(v)}
+    if "traceback" in out and len(json.dumps(out)) > limit:
+        out["traceback"] = out["traceback"][-600:]
     return out
 
 
@@ -800,8 +805,9 @@ def sharded_part(c: Check, box_s: float) -> dict:
     try:
         first = sharded_process(c, sharded_argv(c, run_dir), "sharded-1", box_s)
         steps_first = steps_done(run_dir)
-        second = sharded_process(c, ["--resume", run_dir, "--steps", str(steps_first + 1)], "sharded-2",
-                                 box_s - (time.perf_counter() - t0))
+        left = box_s - (time.perf_counter() - t0)
+        second = (sharded_process(c, ["--resume", run_dir, "--steps", str(steps_first + 1)], "sharded-2", left)
+                  if left >= MIN_BOX_S else {"skipped": f"{left:.0f} s of the box left for the resume"})
         saved = os.path.join(run_dir, "checkpoint")
         return {"steps_after_first": steps_first, "steps_after_resume": steps_done(run_dir),
                 "value_pretrain_steps_done": len([r for r in common.read_records(run_dir)
@@ -1022,7 +1028,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=PLAN_TOTAL_S, help="the parts' boxes together (default 400; "
                                                                         "the plan is scaled to it)")
     p.add_argument("--deadline-s", type=float, default=DEADLINE_S, help="no part starts or runs past this many "
-                                                                        "seconds after the start (default 460)")
+                                                                        "seconds after the start (default 440)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     p.add_argument("--stop-after-s", type=float, default=0, help="the train part's box instead of its plan's")
     p.add_argument("--workdir", default=None, help="where the work folder is made (default: the system's "
@@ -1148,7 +1154,7 @@ FIGURES = {
                          + f"; sampling peak {p['peak_gb']:.2f} GB against {p['arithmetic_gb']:.2f} GB by the "
                            f"arithmetic"),
     "sharded": lambda p: (f"world of one: steps {p['steps_after_first']} then {p['steps_after_resume']} after "
-                          f"--resume (exit {p['first']['returncode']}, {p['resume']['returncode']}); peaks "
+                          f"--resume (exit {p['first']['returncode']}, {p['resume'].get('returncode')}); peaks "
                           f"{fmt(p['first'].get('peak_gb'), '.2f')} / {fmt(p['resume'].get('peak_gb'), '.2f')} GB; "
                           f"checkpoint holds {', '.join(p['checkpoint_holds'])}"),
     "evaluate": lambda p: (f"{p['prompts']} of {p['asked']} prompts, stopped at its box ({p['stopped_at_box']})"

