@@ -1,7 +1,7 @@
 """Check on one GPU, offline, in one command of about 9 minutes: what `--preset gpu-0.5b` does on a model of
 Qwen2.5-0.5B's shape, part by part, each figure kept as soon as its part ends.
 
-    python bench/gpu_check.py --out DIR --workdir WORK       # the whole check: about 8 minutes on one GPU
+    python bench/gpu_check.py --out DIR --workdir WORK       # the whole check: about 7.5 minutes on one GPU
     python bench/gpu_check.py --parts update sample --out DIR   # only some parts
     python bench/gpu_check.py --tiny --device cpu --out DIR  # a 2-layer version on a CPU (the tests)
 
@@ -38,10 +38,12 @@ The parts, in this order (the most telling first, so that a late failure loses t
 - numerics: from the train and update parts' records, no device time: the gap between the sampler's log-probs and
   the trainer's recomputation under bf16 (per RL step, mean and largest), and the first mini-batch's PPO ratio
   (mean and largest distance from 1) and clipped share, which tell whether PPO starts at ratio 1;
-- resume: vapo.train --resume on the train part's folder for one RL step more: the checkpoint read back and trained on;
+- resume: vapo.train --resume on the train part's folder for one RL step more: the checkpoint read back and
+  trained on;
 - sample: one HFEngine.generate at the preset's shape, 64 prompts x 8 samples and 2,048 new tokens, no cut (its
-  preallocated KV cache for the whole length is the sampling peak); a deadline in the model's forward ends it at
-  its box, and the report says after how many decoding steps;
+  preallocated KV cache for the whole length is the sampling peak), the stop tokens set for that length (a mean
+  of 1,024 tokens, 14% to the end); a deadline in the model's forward ends it at its box, and the report says
+  after how many decoding steps;
 - sharded: scale/train.py's main in a process of its own with no launcher, a world of one (NCCL on a GPU, gloo on
   a CPU): FSDP2 with its bf16 policy, value pretraining, one RL step, the gathered save and the optimizer's
   distributed checkpoint; then a second process with --resume for one step more;
@@ -580,6 +582,23 @@ def synthetic_batch(tokenizer, rows: int, prompt: int, response: int, device: to
                    prompt_index=torch.arange(rows, device=device), texts=[""] * rows, pad_id=tokenizer.pad_token_id)
 
 
+def scored_batch(policy, critic, rollout: Rollout, cfg, device: torch.device) -> tuple[dict, dict]:
+    """The update's batch for a synthetic rollout: old log-probs and values from a scoring pass (rollout.
+    score_rollout under the run's autocast, timed, with its peaks), returns of +1 and -1 on alternate rows, the
+    advantages GAE gives them at lambda 1 (returns - values). -> (batch, the scoring pass's seconds and peaks)."""
+    memory = PeakMemory(device)
+    memory.start()
+    t0 = time.perf_counter()
+    with vapo.autocast(cfg, device):
+        scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)
+    sync(device)
+    scoring = {"seconds": round(time.perf_counter() - t0, 3), **gb(memory.stop())}
+    rows = torch.arange(rollout.B, device=device)
+    returns = torch.where(rows % 2 == 0, 1.0, -1.0)[:, None].expand(rollout.B, rollout.T)  # [B, T]
+    return {"old_logprobs": scored["old_logprobs"], "values": scored["values"], "returns": returns,
+            "advantages": returns - scored["values"], "positive": returns[:, 0] > 0}, scoring
+
+
 def update_part(c: Check, box_s: float) -> dict:
     """vapo.update at the preset's full length on a synthetic batch of one micro-batch (synthetic_batch), the old
     log-probs and values from a scoring pass of it first; repeated while the box lasts, at most --update-repeats."""
@@ -591,16 +610,7 @@ def update_part(c: Check, box_s: float) -> dict:
     rows = cfg.micro_batch_size
     rollout = synthetic_batch(tokenizer, rows, a.update_prompt_tokens, a.update_new_tokens, c.device)
     c.probe.phase = "update"
-    scoring = PeakMemory(c.device)
-    scoring.start()
-    t0 = time.perf_counter()
-    with vapo.autocast(cfg, c.device):
-        scored = score_rollout(policy, critic, rollout, cfg.micro_batch_size, cfg.temperature)
-    sync(c.device)
-    scoring_s, scoring_peak = time.perf_counter() - t0, gb(scoring.stop())
-    returns = torch.where(torch.arange(rows, device=c.device) % 2 == 0, 1.0, -1.0)[:, None].expand(rows, rollout.T)
-    batch = {"old_logprobs": scored["old_logprobs"], "values": scored["values"], "returns": returns,
-             "advantages": returns - scored["values"], "positive": returns[:, 0] > 0}  # GAE at lambda 1
+    batch, scoring = scored_batch(policy, critic, rollout, cfg, c.device)
     flops = 6 * (n_params(policy) + n_params(critic))
     tokens = rows * (a.update_prompt_tokens + a.update_new_tokens)
     repeats, t_part = [], time.perf_counter()
@@ -616,16 +626,17 @@ def update_part(c: Check, box_s: float) -> dict:
                         "skipped_nonfinite": stats["skipped_nonfinite"]})
     timed = repeats[1:] or repeats  # the first includes AdamW's first step (its moments allocated) and warm-up
     arithmetic = memory_arithmetic(c.params, c.config, README["rows"], rows, tokens // rows)
-    del policy, critic, optimizers, scored, batch, rollout
+    del policy, critic, optimizers, batch, rollout
     return {"rows": rows, "prompt_tokens": a.update_prompt_tokens, "response_tokens": a.update_new_tokens,
-            "tokens_per_update": tokens, "scoring_s": round(scoring_s, 3), "scoring": scoring_peak,
+            "tokens_per_update": tokens, "scoring": scoring,
             "repeats": repeats, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
             "mfu": statistics.median(r["mfu"] for r in timed),
             "peak_gb": max(r["peak_gb"] for r in repeats),
             "peak_reserved_gb": max((r["peak_reserved_gb"] for r in repeats if r["peak_reserved_gb"] is not None),
                                     default=None),
             "arithmetic_update_gb": arithmetic["update_peak_gb"],
-            "docs_measured_update_gb": None if a.tiny else README["update_measured_gb"], "first_minibatch": [r for r in c.first.records if r["phase"] == "update"][:1]}
+            "docs_measured_update_gb": None if a.tiny else README["update_measured_gb"],
+            "first_minibatch": [r for r in c.first.records if r["phase"] == "update"][:1]}
 
 
 def train_part(c: Check, box_s: float) -> dict:
@@ -633,7 +644,7 @@ def train_part(c: Check, box_s: float) -> dict:
     its records kept in --out (train-metrics.jsonl) and summarised per RL step (summarise)."""
     cfg = run_config(c.args, c.folder, c.run_dir)
     c.probe.phase = "train"
-    with Stopper(c.args.stop_after_s or box_s, c.signals):
+    with Stopper(box_s, c.signals):
         vapo.train(cfg)
     records = common.read_records(c.run_dir)
     pretrain = c.probe.of("train", "pretrain_value")
@@ -698,6 +709,7 @@ def sample_part(c: Check, box_s: float) -> dict:
     n = PRESET["samples_per_prompt"]
     tokenizer = AutoTokenizer.from_pretrained(c.folder)
     policy = AutoModelForCausalLM.from_pretrained(c.folder).to(c.device)
+    ragged_eos(policy, tokenizer, 2 / a.sample_new_tokens, a.seed)  # lengths for 2,048 tokens, not the train part's
     engine = engines.HFEngine(policy, tokenizer, max_new_tokens=a.sample_new_tokens)
     cfg = run_config(a, c.folder, c.run_dir, prompts_per_step=a.sample_prompts, max_new_tokens=a.sample_new_tokens)
     rows, _ = load_data(cfg, tokenizer)
