@@ -1100,6 +1100,8 @@ def main(argv=None):
     write_summary(report)
     if signals.outside:
         raise SystemExit(143)
+    if any(p["status"] == "failed" for p in report.data["parts"].values()):
+        raise SystemExit(1)  # every part has run; the report says which failed and why
 
 
 # --- the summary ----------------------------------------------------------------------------------------------

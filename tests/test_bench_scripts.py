@@ -310,7 +310,7 @@ def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
     assert sample["stopped_at_box"] and sample["decoding_steps"] < 32 and sample["peak_gb"] > 0
     assert list(parts) == ["train", "sample", "evaluate"]
     failed = tmp_path / "failed"
-    gpu_check(failed, "--parts", "sample", "evaluate", "--sample-prompts", "0")
+    assert gpu_check(failed, "--parts", "sample", "evaluate", "--sample-prompts", "0", ok=False).returncode == 1
     report = json.loads((failed / "gpu_check.json").read_text())
     sample, evaluation = report["parts"]["sample"], report["parts"]["evaluate"]
     assert sample["status"] == "failed" and sample["error"].startswith("ValueError: --prompts-per-step")
