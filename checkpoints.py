@@ -124,7 +124,8 @@ def rng_kept():
     """The trainer's random streams as they were before the block, whatever it drew or seeded: vLLM seeds torch,
     Python's random and numpy in the process that makes an in-process engine, as its worker starts and again after
     its warm-up (vllm.utils.torch_utils.set_random_seed with the engine's seed), which would otherwise decide the
-    trainer's mini-batch order from then on."""
+    trainer's mini-batch order from then on. (Its sampler, like the HF engine's, still draws from torch's stream
+    during a rollout; a tensor-parallel engine's processes therefore seed it alike: vapo.train.)"""
     kept = rng_state()
     try:
         yield
