@@ -727,11 +727,13 @@ def sample_part(c: Check, box_s: float) -> dict:
     sync(c.device)
     seconds = time.perf_counter() - t0
     longest = max(len(ids) for ids in tokenizer(prompts)["input_ids"]) + a.sample_new_tokens
+    arithmetic = memory_arithmetic(c.params, c.config, len(prompts) * n, PRESET["micro_batch_size"], longest)
     result = {"prompts": len(prompts), "samples_per_prompt": n, "max_new_tokens": a.sample_new_tokens,
               "seconds": round(seconds, 2), **gb(memory.stop()), "decoding_steps": max(guard.calls - 1, 0),
               "stopped_at_box": stopped,
-              "arithmetic_gb": memory_arithmetic(c.params, c.config, len(prompts) * n, PRESET["micro_batch_size"],
-                                                 longest)["sampling_peak_gb"]}
+              # this part holds the float32 policy and the cache; a run's sampling peak adds the critic and AdamW
+              "arithmetic_gb": round(4 * c.params / 1e9 + arithmetic["items_gb"]["kv_cache"], 2),
+              "arithmetic_in_a_run_gb": arithmetic["sampling_peak_gb"]}
     if out is not None:
         result |= {"tokens_per_s": int(out.lengths.sum()) / seconds, **_generated(None, None, out)}
     del engine, policy, out
@@ -1166,7 +1168,7 @@ FIGURES = {
                             else f": {p['tokens_per_s']:,.0f} tokens/s, lengths {p['lengths']['min']}-"
                                  f"{p['lengths']['max']}")
                          + f"; sampling peak {p['peak_gb']:.2f} GB against {p['arithmetic_gb']:.2f} GB by the "
-                           f"arithmetic"),
+                           f"arithmetic (policy and KV cache; {p['arithmetic_in_a_run_gb']:.2f} GB in a run)"),
     "sharded": lambda p: (f"world of one: steps {p['steps_after_first']} then {p['steps_after_resume']} after "
                           f"--resume (exit {p['first']['returncode']}, {p['resume'].get('returncode')}); peaks "
                           f"{fmt(p['first'].get('peak_gb'), '.2f')} / {fmt(p['resume'].get('peak_gb'), '.2f')} GB; "
