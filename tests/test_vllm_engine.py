@@ -85,6 +85,35 @@ def test_an_engine_asked_for_gpu_n_in_one_process_is_refused(stub_vllm, tokenize
     assert stub_vllm[0][0] == "init"
 
 
+def test_an_engine_in_another_process_is_refused(stub_vllm, tokenizer, monkeypatch):
+    """The weight sync writes the trainer's tensors into the engine's model in this process: an environment that
+    asks vLLM for an engine core process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) is refused before vLLM is
+    called; unset, it is set to 0 (not only defaulted)."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(SystemExit, match=r"VLLM_ENABLE_V1_MULTIPROCESSING=1 .*unset it or set it to 0"):
+        VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id])
+    assert stub_vllm == []
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id])
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and stub_vllm[0][0] == "init"
+
+
+def test_a_sharded_engines_groups_wait_as_long_as_the_trainers(stub_vllm, tokenizer, monkeypatch):
+    """torch gives a new NCCL group 10 minutes (a gloo one 30), not the default group's 2 hours: the tensor-parallel
+    subgroup and vLLM's own groups get the trainer's process-group timeout (Sharded.timeout), in seconds for vLLM."""
+    import datetime
+
+    import torch.distributed as dist
+    asked = []
+    monkeypatch.setattr(dist, "new_subgroups", lambda **kw: asked.append(kw) or ("group", []))
+    timeout = datetime.timedelta(hours=2)
+    VLLMEngine("folder", tokenizer, eos_ids=[tokenizer.eos_token_id], distributed=True, tensor_parallel=2,
+               timeout=timeout)
+    assert asked == [{"group_size": 2, "timeout": timeout}]
+    kwargs = stub_vllm[0][1]
+    assert kwargs["distributed_timeout_seconds"] == kwargs["cpu_distributed_timeout_seconds"] == 7200
+
+
 def test_weight_sync_wakes_the_weights_before_writing_them(stub_vllm, tokenizer, monkeypatch):
     """The order of a sync after an update: torch's cache emptied before each wake-up (vLLM maps fresh device
     memory on waking, while torch's allocator still holds the update's peak unless it is handed back: TRL empties
