@@ -294,7 +294,7 @@ def parse_reasoning_gym(source: str) -> tuple[str, dict]:
         key, eq, value = part.partition("=")
         if not eq or not key or key in settings:
             raise ValueError(f"setting {part!r}: expected key=value, each key once (e.g. ?min_terms=2&max_terms=3)")
-        settings[key] = _setting(urllib.parse.unquote_plus(value))
+        settings[key] = _setting(urllib.parse.unquote(value))  # "+" stays "+" (an operator), %xx decoded
     if "seed" in settings:
         raise ValueError("seed is not a setting here: held-out and training problems get disjoint seeds (--seed "
                          "chooses the training problems)")

@@ -212,6 +212,16 @@ def test_the_generators_own_verifier_scores_the_stated_answer():
     data.check_gold_answers(rows, reward.Verifier(reward.reasoning_gym_reward, 0))  # every gold earns +1
 
 
+def test_settings_are_python_literals_and_reach_the_verifier():
+    pytest.importorskip("reasoning_gym")
+    spec = "reasoning-gym:basic_arithmetic?operators=('+','-')&max_terms=2&max_digits=1&allow_parentheses=False&x=a%20b"
+    assert data.parse_reasoning_gym(spec) == ("basic_arithmetic", {
+        "operators": ("+", "-"), "max_terms": 2, "max_digits": 1, "allow_parentheses": False, "x": "a b"})
+    rows = data.reasoning_gym_rows(spec.removesuffix("&x=a%20b"), 20, 0)
+    assert all("*" not in r["question"] and "/" not in r["question"] for r in rows)  # "+" is not a space
+    data.check_gold_answers(rows, reward.Verifier(reward.reasoning_gym_reward, 0))  # JSON's lists still score
+
+
 def test_bad_reasoning_gym_specs_are_one_line():
     pytest.importorskip("reasoning_gym")
     for spec, message in [
