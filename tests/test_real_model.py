@@ -152,6 +152,13 @@ def test_gguf_without_the_package_or_the_file_is_one_line(tiny_gguf, monkeypatch
     path, _ = tiny_gguf
     with pytest.raises(SystemExit, match=r"no such GGUF file"):
         models.load_policy(str(tmp_path / "missing.gguf"))
+    import run
+    run.check_inputs(vapo.Config(model=path))  # a GGUF file is not a missing folder
+    with pytest.raises(SystemExit, match="the vLLM engine starts from a model folder"):
+        run.check_inputs(vapo.Config(model=path, engine="vllm"))
+    from scale.parallel import Sharded
+    with pytest.raises(SystemExit, match="a sharded run reads a model folder's safetensors"):
+        Sharded.load_models(None, vapo.Config(model=path), torch.device("cpu"), path)
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` now fails as if it were not installed
     with pytest.raises(SystemExit) as err:
         models.load_tokenizer(path)
