@@ -298,3 +298,20 @@ def test_the_real_smollm2_loads_dequantised_with_its_chat_template():
     with torch.no_grad():
         logits = policy(input_ids=ids).logits[0, -1]
     assert torch.isfinite(logits).all() and logits.shape == (len(tok),)
+
+
+def test_the_real_model_benchmark_measures_the_base_model(tiny_gguf, tmp_path, capsys):
+    """bench/real_model_cpu.py base, on the tiny GGUF: the machine line, then the figures of docs/real-model.md."""
+    pytest.importorskip("reasoning_gym")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import real_model_cpu
+    path, _ = tiny_gguf
+    out = tmp_path / "base.json"
+    real_model_cpu.main(["base", "--gguf", path, "--task", CHAIN_SUM, "--prompts", "3", "--samples", "2",
+                         "--temperature", "1", "--max-new-tokens", "4", "--out", str(out)])
+    assert capsys.readouterr().out.startswith("machine: ")
+    figures = json.load(open(out))
+    assert (figures["prompts"], figures["samples_per_prompt"], figures["task"]) == (3, 2, CHAIN_SUM)
+    assert figures["accuracy"] == 0.0 and 0 <= figures["stated_share"] <= 1 and figures["tokens"] <= 3 * 2 * 4
+    with pytest.raises(SystemExit):  # vapo.py's options belong to `step` only
+        real_model_cpu.main(["base", "--gguf", path, "--no-bf16"])
