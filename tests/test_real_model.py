@@ -35,7 +35,7 @@ def write_tiny_gguf(path, embedding_type: str = "F32"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokens = sorted(ByteLevel.alphabet()) + ["An", "Ans", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-    start, end, text_end = len(tokens) - 3, len(tokens) - 2, len(tokens) - 1
+    start, end = len(tokens) - 3, len(tokens) - 2  # <|im_start|>, <|im_end|>; <|endoftext|> is last
     heads, kv_heads = 4, 2
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokens), hidden_size=32, intermediate_size=64,
