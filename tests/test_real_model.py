@@ -146,6 +146,10 @@ def test_a_gguf_model_trains_a_step_on_a_reasoning_gym_task(tiny_gguf, tmp_path)
     policy = AutoModelForCausalLM.from_pretrained(out / "checkpoint" / "policy")
     critic = AutoModelForTokenClassification.from_pretrained(out / "checkpoint" / "critic")
     assert policy.config.model_type == critic.config.model_type == "llama" and critic.config.num_labels == 1
+    # --resume: the GGUF is read again, the checkpoint's safetensors restore the trained weights over it
+    vapo.train(vapo.Config(**{**saved, "steps": 2, "reward_workers": 0}).validate(), resume=True)
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl") if "samples_generated" in line]
+    assert steps == [1, 2] and torch.load(out / "checkpoint" / "state.pt", weights_only=True)["step"] == 2
 
 
 def test_gguf_without_the_package_or_the_file_is_one_line(tiny_gguf, monkeypatch, tmp_path):
