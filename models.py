@@ -71,7 +71,9 @@ def load_gguf_policy(path: str, dtype: torch.dtype | str | None = None) -> PreTr
     transformers dequantises the file's tensors (Q4_1, Q8_0, ...) to float as it loads them, but the model it
     returns keeps a GGUF quantiser and refuses save_pretrained. So the same class is built again from the config
     without its quantization_config (on the meta device, no random init) and the dequantised weights are moved
-    into it: a model like any other, whose checkpoints are safetensors folders that stock transformers loads."""
+    into it: a model like any other, whose checkpoints are safetensors folders that stock transformers loads.
+    The trainer loads it in float32, its master weights on any device (models.load_models); on a GPU, --bf16
+    computes in bfloat16 under autocast, as for any other model."""
     dtype = torch.float32 if dtype in (None, "auto") else _dtype(dtype)
     loaded = AutoModelForCausalLM.from_pretrained(**gguf_location(path), dtype=dtype)
     config = copy.deepcopy(loaded.config)
@@ -79,7 +81,7 @@ def load_gguf_policy(path: str, dtype: torch.dtype | str | None = None) -> PreTr
         del config.quantization_config
     config.name_or_path = path
     model = empty_model(AutoModelForCausalLM, config, dtype=dtype)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False, assign=True)
+    _, unexpected = model.load_state_dict(loaded.state_dict(), strict=False, assign=True)
     model.tie_weights()  # assign=True replaced the tied tensors one by one: tie them again
     meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if meta or unexpected:

@@ -104,6 +104,8 @@ def test_a_gguf_file_loads_as_the_model_written_into_it_and_saves_as_safetensors
     with torch.no_grad():
         assert torch.equal(stock(input_ids=IDS).logits, policy(input_ids=IDS).logits)
     assert AutoTokenizer.from_pretrained(tmp_path)("An Ans")["input_ids"] == tok("An Ans")["input_ids"]
+    bf16, _ = models.load_policy(path, dtype="bfloat16")
+    assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
     critic = models.value_model_from_policy(policy)  # the critic's backbone is the dequantised policy's
     assert torch.equal(critic.model.layers[1].mlp.up_proj.weight, policy.model.layers[1].mlp.up_proj.weight)
 
