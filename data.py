@@ -324,6 +324,8 @@ def reasoning_gym_rows(source: str, n: int | None, seed: int, template: str = "b
             f"it has {len(rg.factory.DATASETS)}: {', '.join(sorted(rg.factory.DATASETS))}") + ")")
     size = settings.pop("size", RG_TRAIN_ROWS)  # how many to draw is ours to say, not the generator's setting
     size = size if n is None else n
+    if size == 0:  # --eval-prompts 0: no evaluation (reasoning-gym refuses an empty dataset)
+        return []
     try:
         dataset = rg.create_dataset(name, size=size, seed=seed, **settings)
     except (TypeError, ValueError, AssertionError) as e:  # an unknown or invalid setting

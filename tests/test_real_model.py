@@ -187,6 +187,7 @@ def test_reasoning_gym_problems_come_from_disjoint_seeds(caplog):
     direct = reasoning_gym.create_dataset("chain_sum", size=20, seed=0, min_terms=2, max_terms=3, max_digits=2)
     assert [r["question"] for r in held_out] == [e["question"] for e in direct]  # held out: seed 0
     assert all(r["answer"] == e["answer"] for r, e in zip(held_out, direct))
+    assert data.load_data(rg_config(eval_prompts=0), None)[1] == []  # no evaluation asked for
     other, _ = data.load_data(rg_config(seed=1), None)
     assert train[0]["question"] != other[0]["question"]  # --seed chooses the training problems
     # a problem space of 2 terms of 1 digit (at most 200 questions): repeats are dropped from training
