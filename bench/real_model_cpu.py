@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,10 +85,14 @@ def one_step(args) -> dict:
            "--eval-samples", "1", "--eval-every", "0", "--no-bf16", "--device", "cpu", "--reward-workers", "1",
            "--no-token-views", "--save-every", "0", "--output-dir", out, *args.extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=common.ROOT, env=os.environ, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    record = next(json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")) if "samples_generated" in line)
+    try:  # the run folder goes afterwards: its checkpoint (two models and their AdamW states) is about 4 GB
+        proc = subprocess.run(cmd, cwd=common.ROOT, env=os.environ, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+        with open(os.path.join(out, "metrics.jsonl")) as fh:
+            record = next(json.loads(line) for line in fh if "samples_generated" in line)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     keys = ("samples_generated", "response_len", "train_acc", "time/rollout", "time/score", "time/reward",
             "time/advantages", "time/update", "time/step")
     return {"command": " ".join(cmd[1:]), "wall_s": round(time.perf_counter() - t0, 1),
