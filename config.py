@@ -33,11 +33,11 @@ class RunOptions:
 
     # --- what to train on ---
     model: str = "builtin"
-    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B) or a local folder; "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (paper: Qwen2.5-32B)"""
+    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B), a local folder or a GGUF file (dequantised to float32; pip install gguf); "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (paper: Qwen2.5-32B)"""
     value_model: str | None = None
     """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model; "builtin-long-rm" = the long chains' outcome reward model); default: the policy's weights with a zero head"""
     dataset: str = "builtin"
-    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, or a Hugging Face dataset name (online only) (paper: DAPO-Math-17k)"""
+    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, a Hugging Face dataset name (online only), or a reasoning-gym generator with its settings, reasoning-gym:NAME?key=value&... (pip install reasoning-gym; e.g. reasoning-gym:chain_sum?min_terms=2&max_terms=3; held-out problems from other seeds; its own score_answer is the verifier) (paper: DAPO-Math-17k)"""
     eval_dataset: str | None = None
     """held-out prompts, same forms as --dataset; default: the built-in task's held-out split, or the last --eval-prompts rows of --dataset (removed from training)"""
     train_split: str = "train"
@@ -345,6 +345,18 @@ def _saved_config(cls, resume: str) -> dict:
     return base
 
 
+def check_real_model_has_data(args: dict, base: dict):
+    """A model of one's own trains on a dataset: SystemExit in one line saying what to add when --model names one
+    and neither --dataset nor the preset names any (the default would be the built-in toy task, which no real model
+    is for). An explicit --dataset builtin, or a preset that sets its dataset (demo, long), is a choice, not a trap."""
+    model = args.get("model", base.get("model", "builtin"))
+    if model in ("builtin", "builtin-long") or "dataset" in args or "dataset" in base:
+        return
+    raise SystemExit(f"vapo: --model {model} needs --dataset: e.g. --dataset reasoning-gym:chain_sum (pip install "
+                     f"reasoning-gym), --dataset openai/gsm8k or a .jsonl file, with --template chat for an instruct "
+                     f"model (the built-in task is for the built-in models: --dataset builtin to train on it anyway)")
+
+
 def config_from_args(cls, algorithms: dict, argv=None, description: str = "") -> tuple:
     """Parse the command line -> (validated cls instance, run folder to resume or None, --overwrite)."""
     args = vars(build_parser(cls, algorithms, description).parse_args(argv))
@@ -363,6 +375,7 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
         if algo not in algorithms:
             raise SystemExit(f"vapo: --algo: must be one of {', '.join(algorithms)}, got {algo!r}")
         base = {**PRESETS[preset], **algorithms[algo], "algo": algo}  # the user's options override both
+        check_real_model_has_data(args, base)
     try:
         cfg = cls(**{**base, **args}).validate()
     except (ValueError, TypeError) as err:
@@ -374,6 +387,7 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
                  cfg.samples_per_prompt, cfg.max_new_tokens, "|".join(PRESETS))
         if preset not in ("demo", "long") and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
             log.warning("the %s preset (%d samples per step%s) on a machine without a GPU will look like a hang; "
-                        "for a small local model try --preset demo", preset, cfg.batch_size,
+                        "for a small model on a CPU give a smaller budget (docs/real-model.md has one for a 135M "
+                        "model; --preset demo is the built-in task's)", preset, cfg.batch_size,
                         ", bf16 autocast: emulated on most CPUs, add --no-bf16" if cfg.bf16 else "")
     return cfg, resume, overwrite

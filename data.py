@@ -3,10 +3,12 @@
     load_prompts("openai/gsm8k")                        -> [{"prompt", "question", "answer"}, ...]
     load_prompts("my.jsonl", question_field="q", answer_field="a", template="raw")
     load_data(cfg, tokenizer)                           -> (training rows, held-out rows) of a run
+    reasoning_gym_rows("reasoning-gym:chain_sum?min_terms=2", n, seed)  -> n problems of a reasoning-gym generator
     prompt_batch(rows, step, n, seed)                   -> the n prompts of a step, a pure function of the step
 
 Each row becomes {"question": the problem text, "answer": the gold answer as a string, "prompt": the exact text fed
-to the model}. The prompt template is one of
+to the model}; a row whose verifier needs more than the answer also has "gold", what the verifier is handed
+(gold_of): for reasoning-gym, the generator's name, settings and whole entry as JSON. The prompt template is one of
   - "base": DAPO's instruction around the question (the model is asked to end with a line "Answer: ..."), for base
     models, which continue text rather than follow a chat;
   - "chat": the same instruction as a user message inside the tokenizer's chat template, for instruct models;
@@ -26,16 +28,19 @@ load; a "####" line with nothing after it is a data error.
 """
 from __future__ import annotations
 
+import ast
+import difflib
 import json
 import logging
 import os
 import re
+import urllib.parse
 
 import torch
 
 import task
 from config import stream
-from reward import Verifier, arith_reward, math_reward
+from reward import CORRECT_REWARD, Verifier, arith_reward, math_reward, reasoning_gym_reward
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,12 @@ def gsm8k_final_answer(answer: str) -> str | None:
     if not markers[-1].group(1):
         raise ValueError("GSM8K final-answer line '####' has no answer after it")
     return gsm8k_answer(markers[-1].group())
+
+
+def gold_of(row: dict) -> str:
+    """What the verifier is handed for a row: its "gold" when it has one (reasoning-gym's rows: the generator's
+    entry, which its score_answer reads), else its gold answer."""
+    return row.get("gold", row["answer"])
 
 
 def strip_dapo_template(prompt: str) -> str:
@@ -247,10 +258,115 @@ def load_prompts(source: str, split: str = "train", question_field: str | None =
     return out
 
 
+# --- reasoning-gym's generators ----------------------------------------------------------------------------
+REASONING_GYM = "reasoning-gym:"
+"""--dataset reasoning-gym:NAME?key=value&...: problems drawn from one of reasoning-gym's procedural generators
+(pip install reasoning-gym), with the generator's settings (its config's fields: min_terms=2&max_terms=3)."""
+RG_TRAIN_ROWS = 5000
+"""Training problems drawn for a run unless the settings say size=N (a pass over them is an epoch)."""
+RG_SEED_BLOCK = 1_000_000
+"""reasoning-gym draws item i of a dataset of seed s from random.Random(s + i): held-out items use s = 0 (i below
+--eval-prompts), the training items of --seed k use s = (k + 1) x RG_SEED_BLOCK, so no seed is shared between the
+held-out problems and any run's training problems, nor between the training problems of two seeds."""
+
+
+def is_reasoning_gym(source: str | None) -> bool:
+    """True for a --dataset of the form reasoning-gym:NAME[?settings]."""
+    return bool(source) and source.startswith(REASONING_GYM)
+
+
+def _setting(text: str):
+    """A setting's value: a Python literal when it is one (3, 0.5, True, [1, 2]), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_reasoning_gym(source: str) -> tuple[str, dict]:
+    """"reasoning-gym:chain_sum?min_terms=2&max_terms=3" -> ("chain_sum", {"min_terms": 2, "max_terms": 3}).
+    ValueError for a missing name or a setting without "=" or given twice; seeds are the trainer's (RG_SEED_BLOCK)."""
+    name, _, query = source.removeprefix(REASONING_GYM).partition("?")
+    if not name:
+        raise ValueError("no generator named: write reasoning-gym:NAME, e.g. reasoning-gym:chain_sum")
+    settings = {}
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if not eq or not key or key in settings:
+            raise ValueError(f"setting {part!r}: expected key=value, each key once (e.g. ?min_terms=2&max_terms=3)")
+        settings[key] = _setting(urllib.parse.unquote(value))  # "+" stays "+" (an operator), %xx decoded
+    if "seed" in settings:
+        raise ValueError("seed is not a setting here: held-out and training problems get disjoint seeds (--seed "
+                         "chooses the training problems)")
+    return name, settings
+
+
+def reasoning_gym():
+    """The reasoning_gym module, or ImportError saying how to install it."""
+    try:
+        import reasoning_gym as rg  # optional: only --dataset reasoning-gym:NAME needs it (about 1 s to import)
+    except ImportError:
+        raise ImportError("the reasoning-gym package is not installed (pip install reasoning-gym)") from None
+    return rg
+
+
+def reasoning_gym_rows(source: str, n: int | None, seed: int, template: str = "base", tokenizer=None) -> list[dict]:
+    """n problems (None: the settings' size, else RG_TRAIN_ROWS) of the generator that source names, item i drawn
+    from seed + i: rows {"prompt", "question", "answer", "gold"}, gold the JSON of {"dataset", "settings",
+    "entry"} that reward.reasoning_gym_reward scores a response against. ValueError for an unknown generator or a
+    setting it refuses (the message lists what exists / what reasoning-gym said); ImportError without the package."""
+    name, settings = parse_reasoning_gym(source)
+    rg = reasoning_gym()
+    if name not in rg.factory.DATASETS:
+        close = difflib.get_close_matches(name, rg.factory.DATASETS, 3)
+        raise ValueError(f"reasoning-gym has no generator {name!r} (" + (
+            f"did you mean {' or '.join(close)}?" if close else
+            f"it has {len(rg.factory.DATASETS)}: {', '.join(sorted(rg.factory.DATASETS))}") + ")")
+    size = settings.pop("size", RG_TRAIN_ROWS)  # how many to draw is ours to say, not the generator's setting
+    size = size if n is None else n
+    if size == 0:  # --eval-prompts 0: no evaluation (reasoning-gym refuses an empty dataset)
+        return []
+    try:
+        dataset = rg.create_dataset(name, size=size, seed=seed, **settings)
+    except (TypeError, ValueError, AssertionError) as e:  # an unknown or invalid setting
+        raise ValueError(f"reasoning-gym refused the settings {settings} of {name!r}: {type(e).__name__}: {e}"
+                         ) from None
+    rows = []
+    for entry in dataset:
+        try:
+            gold = json.dumps({"dataset": name, "settings": settings, "entry": entry})
+        except TypeError as e:  # the verifier's workers are handed text: an entry must survive JSON
+            raise ValueError(f"{name}'s problems do not convert to JSON ({e}): not supported") from None
+        rows.append(dict(prompt=format_prompt(entry["question"], template, tokenizer), question=entry["question"],
+                         answer=str(entry["answer"]), gold=gold))
+    return rows
+
+
+def _reasoning_gym_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows) of a run whose --dataset is a reasoning-gym generator: held-out problems from
+    seed 0, training problems from the seeds of cfg.seed (RG_SEED_BLOCK); a training problem whose question is
+    also held out (a small problem space repeats itself) is dropped, and how many were is logged."""
+    eval_source = cfg.eval_dataset or cfg.dataset
+    if not is_reasoning_gym(eval_source):
+        raise ValueError(f"--eval-dataset {eval_source}: a reasoning-gym --dataset is scored by its generator, so "
+                         f"the held-out problems must be one too (reasoning-gym:NAME), or leave --eval-dataset out")
+    held_out = reasoning_gym_rows(eval_source, cfg.eval_prompts, 0, cfg.template, tokenizer)
+    train = reasoning_gym_rows(cfg.dataset, None, (cfg.seed + 1) * RG_SEED_BLOCK, cfg.template, tokenizer)
+    seen = {r["question"] for r in held_out}
+    kept = [r for r in train if r["question"] not in seen]
+    if len(kept) < len(train):
+        log.info("%s: %d of %d training problems are also held out (same question): dropped from training",
+                 cfg.dataset, len(train) - len(kept), len(train))
+    if not kept:
+        raise ValueError("every training problem is also a held-out one: the settings leave too few problems")
+    return kept, held_out
+
+
 # --- a run's data -------------------------------------------------------------------------------------------
 def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows) of a run (a vapo.Config): the built-in task's splits, or --dataset and
-    --eval-dataset (or the last --eval-prompts rows of --dataset). A bad file or row is the user's to fix:
+    """(training rows, held-out rows) of a run (a vapo.Config): the built-in task's splits, a reasoning-gym
+    generator's problems from disjoint seeds (_reasoning_gym_data), or --dataset and --eval-dataset (or the last
+    --eval-prompts rows of --dataset). A bad file or row is the user's to fix:
     SystemExit naming the option, the file and the row."""
     if cfg.builtin:
         chains = task.LONG if cfg.dataset == "builtin-long" else task.DEMO
@@ -259,6 +375,14 @@ def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         if chains is task.LONG:  # evaluation also reports accuracy by band of step counts (1-10, 11-20, ...)
             held_out = [{**r, "band": task.band_of(r["n_steps"])} for r in held_out]
         return task.make_dataset(20000, stream(cfg.seed, "builtin_rows"), *steps, split="train"), held_out
+    if is_reasoning_gym(cfg.dataset) or is_reasoning_gym(cfg.eval_dataset):
+        if not is_reasoning_gym(cfg.dataset):
+            raise SystemExit(f"vapo: --eval-dataset {cfg.eval_dataset}: a reasoning-gym generator scores only its own "
+                             f"problems; use it as --dataset too, or give a file")
+        try:
+            return _reasoning_gym_data(cfg, tokenizer)
+        except (ValueError, ImportError) as err:
+            raise SystemExit(f"vapo: --dataset {cfg.dataset}: {err}") from None
     kw = dict(question_field=cfg.question_field, answer_field=cfg.answer_field, template=cfg.template,
               tokenizer=tokenizer)
 
@@ -293,15 +417,21 @@ def check_gold_answers(rows: list[dict], verifier: Verifier, max_bad_share: floa
     """Score each held-out gold answer, stated as a response, against itself before training: a gold the verifier
     cannot read would score every sample -1 and train on noise. Stops with the rows named when more than
     max_bad_share of them fail; a smaller share is logged with the rows (they can only ever score -1)."""
-    if not rows or verifier.fn not in (arith_reward, math_reward):  # a verifier of another kind judges otherwise
+    if not rows or verifier.fn not in (arith_reward, math_reward, reasoning_gym_reward):  # others judge otherwise
         return
-    bad = verifier.unreadable_golds([r["answer"] for r in rows])
+    if verifier.fn is reasoning_gym_reward:  # its gold is the generator's entry: the answer line must earn +1
+        scores = verifier.score([f"Answer: {r['answer']}" for r in rows], [gold_of(r) for r in rows], stats={})
+        bad = [i for i, score in enumerate(scores) if score != CORRECT_REWARD]
+    else:
+        bad = verifier.unreadable_golds([r["answer"] for r in rows])
     if not bad:
         return
     shown = "; ".join(f"row {i + 1}: {rows[i]['answer'][:60]!r}" for i in bad[:5])
     message = (f"{len(bad)} of {len(rows)} held-out gold answers do not verify against themselves ({shown}"
                f"{' ...' if len(bad) > 5 else ''}): the verifier cannot read them")
     if len(bad) > max_bad_share * len(rows):
-        raise SystemExit(f"vapo: {message}. Check --answer-field and the answer format (GSM8K's '#### 42' is read; "
-                         f"a worked solution is not an answer).")
+        hint = ("this generator's answers do not fit the one 'Answer:' line the prompt asks for"
+                if verifier.fn is reasoning_gym_reward else "Check --answer-field and the answer format (GSM8K's "
+                "'#### 42' is read; a worked solution is not an answer)")
+        raise SystemExit(f"vapo: {message}. {hint}.")
     log.warning("%s; they are kept and will score -1", message)

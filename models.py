@@ -38,11 +38,57 @@ KNOWN_MODELS = {
 
 def resolve_model_name(name: str) -> str:
     """`Qwen2.5-0.5B` -> `Qwen/Qwen2.5-0.5B` (case-insensitive, see KNOWN_MODELS); an existing local folder, a full
-    `org/name`, or any other name is returned unchanged for `from_pretrained` to judge."""
-    if os.path.isdir(name) or "/" in name:
+    `org/name`, a GGUF file or any other name is returned unchanged for `from_pretrained` to judge."""
+    if os.path.isdir(name) or "/" in name or is_gguf(name):
         return name
     by_lower = {short.lower(): full for short, full in KNOWN_MODELS.items()}
     return by_lower.get(name.lower(), name)
+
+
+def is_gguf(name: str | None) -> bool:
+    """True for a GGUF checkpoint file (llama.cpp's format: one file holding the weights, quantised or not, the
+    config and the tokenizer), which --model takes as it takes a folder."""
+    return bool(name) and name.lower().endswith(".gguf")
+
+
+def gguf_location(path: str) -> dict:
+    """from_pretrained's arguments for a GGUF file: {"pretrained_model_name_or_path": its folder, "gguf_file": its
+    name}. SystemExit in one line when the file is absent or the gguf package (transformers' reader) is missing."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"vapo: --model {path}: no such GGUF file")
+    try:
+        import gguf  # noqa: F401  optional: only GGUF checkpoints need it (transformers reads them through it)
+    except ImportError:
+        raise SystemExit(f"vapo: --model {path}: reading a GGUF file needs the gguf package (pip install gguf)"
+                         ) from None
+    folder, file = os.path.split(os.path.abspath(path))
+    return {"pretrained_model_name_or_path": folder, "gguf_file": file}
+
+
+def load_gguf_policy(path: str, dtype: torch.dtype | str | None = None) -> PreTrainedModel:
+    """The causal LM of a GGUF file, dequantised to dtype (None: float32), as a plain model of its class.
+
+    transformers dequantises the file's tensors (Q4_1, Q8_0, ...) to float as it loads them, but the model it
+    returns keeps a GGUF quantiser and refuses save_pretrained. So the same class is built again from the config
+    without its quantization_config (on the meta device, no random init) and the dequantised weights are moved
+    into it: a model like any other, whose checkpoints are safetensors folders that stock transformers loads.
+    The trainer loads it in float32, its master weights on any device (models.load_models); on a GPU, --bf16
+    computes in bfloat16 under autocast, as for any other model."""
+    dtype = torch.float32 if dtype in (None, "auto") else _dtype(dtype)
+    loaded = AutoModelForCausalLM.from_pretrained(**gguf_location(path), dtype=dtype)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = path
+    model = empty_model(AutoModelForCausalLM, config, dtype=dtype)
+    _, unexpected = model.load_state_dict(loaded.state_dict(), strict=False, assign=True)
+    model.tie_weights()  # assign=True replaced the tied tensors one by one: tie them again
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta or unexpected:
+        raise RuntimeError(f"{path}: the GGUF's weights do not fill its model (missing {meta}, unexpected "
+                           f"{unexpected})")
+    model.generation_config = loaded.generation_config
+    return model
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | str:
@@ -70,8 +116,11 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool = True) -> 
 
 
 def load_tokenizer(name_or_folder: str):
-    """The model's tokenizer, padding on the left (generation appends on the right), with a pad token."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_name(name_or_folder))
+    """The model's tokenizer, padding on the left (generation appends on the right), with a pad token. A GGUF file
+    holds its tokenizer (and chat template) itself."""
+    where = gguf_location(name_or_folder) if is_gguf(name_or_folder) else {
+        "pretrained_model_name_or_path": resolve_model_name(name_or_folder)}
+    tokenizer = AutoTokenizer.from_pretrained(**where)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         log.info("tokenizer of %s has no pad token: using its EOS token %r as pad", name_or_folder,
@@ -84,11 +133,15 @@ def load_policy(name_or_folder: str, dtype: torch.dtype | str | None = None, dev
                 gradient_checkpointing: bool = False):
     """Load the policy and its tokenizer: `(model, tokenizer)`.
 
-    name_or_folder: a short name (`Qwen2.5-0.5B`), a hub name (`Qwen/Qwen2.5-0.5B`) or a local folder.
-    dtype: torch dtype or its name; None keeps the checkpoint's own dtype. device: where to put the model.
+    name_or_folder: a short name (`Qwen2.5-0.5B`), a hub name (`Qwen/Qwen2.5-0.5B`), a local folder or a GGUF file
+    (dequantised: load_gguf_policy). dtype: torch dtype or its name; None keeps the checkpoint's own dtype (a GGUF
+    file's: float32). device: where to put the model.
     """
     name = resolve_model_name(name_or_folder)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(dtype))
+    if is_gguf(name):
+        model = load_gguf_policy(name, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(dtype))
     if device is not None:
         model.to(device)
     if gradient_checkpointing:

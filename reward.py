@@ -16,6 +16,7 @@ Public functions:
     math_equal(prediction, gold)              equivalence through math-verify
     math_reward(response, gold)               +1 / -1 for math datasets (the VAPO/DAPO reward)
     arith_reward(response, gold)              +1 / -1 for the built-in arithmetic task (pure string work)
+    reasoning_gym_reward(response, gold)      +1 / -1 from a reasoning-gym generator's own score_answer
     overlong_penalty(length, max_length, cache_length)   DAPO's soft overlong punishment
     score_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
     check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
@@ -31,6 +32,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import math
 import multiprocessing
@@ -370,6 +372,45 @@ def arith_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
     answer = extract_answer(response)
     value = None if answer is None else _small_integer(answer)
     return correct if value == target else wrong
+
+
+@functools.lru_cache(maxsize=64)
+def _reasoning_gym_dataset(name: str, settings: str):
+    """A reasoning-gym dataset of the generator `name` with `settings` (JSON), for its score_answer: made once per
+    process (the scoring workers keep it)."""
+    try:
+        import reasoning_gym  # optional and slow to import (about 1 s): only reasoning-gym datasets need it
+    except ImportError:
+        raise ImportError("reasoning-gym datasets are scored by the reasoning-gym package, which is not installed: "
+                          "pip install reasoning-gym") from None
+    return reasoning_gym.create_dataset(name, size=1, seed=0, **json.loads(settings))
+
+
+def reasoning_gym_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
+                         wrong: float = WRONG_REWARD) -> float:
+    """Reward of a reasoning-gym problem: `correct` if the generator's own verifier, score_answer(answer, entry),
+    gives full marks (1.0) to the final answer the response states (extract_answer), else `wrong`.
+
+    gold: JSON {"dataset": generator name, "settings": its settings, "entry": the problem as the generator made it,
+    with its metadata} (data.reasoning_gym_rows). score_answer is handed the extracted answer, never the response:
+    given the whole text it grants partial credit to any text that contains the answer (chain_sum scores
+    "Answer: -4" 0.2 against -4). A partial score (0 < s < 1) is wrong here: VAPO's reward is +1 / -1 (our choice).
+    Bounded like math_reward: no stated answer, or one longer than MAX_ANSWER_CHARS, is wrong unread; score_answer
+    runs under math_equal's soft bound (MATH_VERIFY_TIMEOUT_S; cut short: wrong), and score_batch's workers under
+    their hard bound. ValueError for a gold that is not such JSON (a data error); ImportError without reasoning-gym.
+    """
+    try:
+        gold_dict = json.loads(gold)
+        name, settings, entry = gold_dict["dataset"], gold_dict["settings"], gold_dict["entry"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f"reasoning_gym_reward: gold {gold[:60]!r} is not a reasoning-gym problem's JSON "
+                         "(data.reasoning_gym_rows writes it)") from None
+    dataset = _reasoning_gym_dataset(name, json.dumps(settings, sort_keys=True))
+    answer = extract_answer(response)
+    if answer is None or len(answer) > MAX_ANSWER_CHARS:
+        return wrong
+    score = _soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
+    return correct if score is not None and float(score) >= 1.0 else wrong
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -35,11 +35,12 @@ from tqdm import tqdm
 
 from builds import BUILTIN_MODELS, shipped_model
 from checkpoints import fault_point, load_checkpoint, save_checkpoint, save_pretrained_atomic, write_atomically
-from data import check_gold_answers, load_data
+from data import check_gold_answers, is_reasoning_gym, load_data
 from engines import VLLM_PROMPT_TOKENS, check_vllm_device, vllm_max_model_len
-from models import found_or_exit, load_models, load_tokenizer, pick_device, safetensors_files
+from models import (found_or_exit, gguf_location, is_gguf, load_models, load_tokenizer, pick_device,
+                    safetensors_files)
 from plots import plot_metrics
-from reward import Verifier, arith_reward, math_reward
+from reward import Verifier, arith_reward, math_reward, reasoning_gym_reward
 from views import TokenViews
 
 log = logging.getLogger("vapo")
@@ -134,10 +135,17 @@ class SingleProcess:
 # ==================================================================================================================
 
 def check_inputs(cfg):
-    """What can be checked before any model or data loads, beyond config.validate: local model folders exist,
-    the logging package of --report-to is installed. SystemExit with the option and the fix."""
+    """What can be checked before any model or data loads, beyond config.validate: local model folders exist, a
+    GGUF file exists with the gguf package installed (and --engine hf, as vLLM starts from a folder), the logging
+    package of --report-to is installed. SystemExit with the option and the fix."""
+    if is_gguf(cfg.model):
+        gguf_location(cfg.model)  # the file is there and the gguf package too, or one line
+        if cfg.engine == "vllm":
+            raise SystemExit(f"--engine vllm with --model {cfg.model}: the vLLM engine starts from a model folder; "
+                             f"use --engine hf, or save the dequantised model as a folder first (models.load_policy, "
+                             f"then save_pretrained) and give that folder")
     for option, name in (("--model", cfg.model), ("--value-model", cfg.value_model)):
-        if name is None or name in BUILTIN_MODELS:
+        if name is None or name in BUILTIN_MODELS or (option == "--model" and is_gguf(name)):
             continue
         local = name.startswith((".", "/", "~")) or name.endswith("/") or os.sep in name.strip("/").split("/", 1)[-1]
         if local and not os.path.isdir(os.path.expanduser(name)):
@@ -197,8 +205,11 @@ def check_prompt_room(rows: list[dict], held_out: list[dict], tokenizer, max_mod
 
 
 def verifier_for(cfg) -> Verifier:
-    """The built-in task's exact integer check in-process; math-verify in worker processes for datasets."""
-    return Verifier(arith_reward, 0) if cfg.builtin else Verifier(math_reward, cfg.reward_workers)
+    """The built-in task's exact integer check in-process; for datasets, in worker processes, a reasoning-gym
+    generator's own score_answer or else math-verify."""
+    if cfg.builtin:
+        return Verifier(arith_reward, 0)
+    return Verifier(reasoning_gym_reward if is_reasoning_gym(cfg.dataset) else math_reward, cfg.reward_workers)
 
 
 # ==================================================================================================================

@@ -66,7 +66,7 @@ import torch
 
 import config
 from checkpoints import rng_kept
-from data import prompt_batch
+from data import gold_of, prompt_batch
 from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
@@ -477,7 +477,7 @@ def verify(rollout: Rollout, rows: list[dict], cfg: Config, verifier: Verifier, 
     """Phase 2, the reward of each response [B] float: the verifier's score of its text against its prompt's gold
     answer; a response cut at max_new_tokens (no EOS) earns the wrong reward under cfg.truncated_reward "wrong"
     (it stated no final answer: it never ended), its text's score under "graded"."""
-    golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
+    golds = [gold_of(rows[int(i)]) for i in rollout.prompt_index]
     scores = truncation_rule(verifier.score(rollout.texts, golds, stats=stats), rollout.truncated.tolist(),
                              cfg.truncated_reward)
     return torch.tensor(scores, dtype=torch.float32, device=rollout.response_mask.device)

@@ -17,6 +17,7 @@ import torch
 
 from checkpoints import write_atomically
 from config import stream
+from data import gold_of
 from engines import engine_asleep
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from plots import pick_probes, plot_tokens, read_tokens
@@ -64,7 +65,7 @@ class TokenViews:
             rows = held_out[:PROBE_PROMPTS]
             r = engine.generate([row["prompt"] for row in rows], n=PROBE_SAMPLES,
                                 seed=stream(self.cfg.seed, "views_probe"))
-            golds = [rows[int(i)]["answer"] for i in r.prompt_index]
+            golds = [gold_of(rows[int(i)]) for i in r.prompt_index]
             saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
                                                                          r.prompt_mask[::PROBE_SAMPLES])],
                      "responses": [ids[:n].tolist() for ids, n in zip(r.response_ids, r.lengths)],

@@ -32,7 +32,7 @@ from safetensors import safe_open
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, GenerationConfig
 
-from models import (empty_model, found_or_exit, load_tokenizer, model_folder, safetensors_files,
+from models import (empty_model, found_or_exit, is_gguf, load_tokenizer, model_folder, safetensors_files,
                     set_gradient_checkpointing, value_config)
 from run import SingleProcess
 
@@ -220,6 +220,10 @@ class Sharded(SingleProcess):
         (load_weights). No rank ever holds a whole model, in any dtype; the largest transient is one tensor's
         rows. The critic the same way: from --value-model, else from the policy's folder (its backbone) with a
         zero head, as models.value_model_from_policy makes it in one process."""
+        if is_gguf(name):  # a whole GGUF file would be read and dequantised by every rank: convert it once
+            raise SystemExit(f"vapo: --model {name}: a sharded run reads a model folder's safetensors rank by rank; "
+                             f"save the GGUF's dequantised model as a folder first (models.load_policy, then "
+                             f"save_pretrained with its tokenizer) and give that folder")
         with found_or_exit("--model", name):
             folder = model_folder(name)
             tokenizer, config = load_tokenizer(folder), AutoConfig.from_pretrained(folder)

@@ -133,7 +133,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path):
 def test_an_unreachable_hub_model_is_one_line_at_once(tmp_path, dataset):
     """Offline (HF_HUB_OFFLINE=1), --model Qwen2.5-0.5B ends at once in one line naming the option, whether the
     tokenizer loads first (a dataset file: the data is read before the model) or the model does."""
-    extra = []
+    extra = ["--dataset", "builtin"]  # asked for: a real model on the built-in task is refused unless asked
     if dataset == "file":
         (tmp_path / "d.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n' * 3)
         extra = ["--dataset", str(tmp_path / "d.jsonl"), "--eval-prompts", "1"]

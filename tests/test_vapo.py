@@ -81,10 +81,10 @@ def test_cli_overrides_preset_and_rejects_bad_values():
     cfg, resume, _ = vapo.config_from_args(["--steps", "7", "--no-clip-higher", "--value-clip", "0.5"])
     assert cfg.steps == 7 and not cfg.clip_higher and cfg.value_clip == 0.5 and resume is None
     assert cfg.prompts_per_step == config.PRESETS["demo"]["prompts_per_step"]  # no --model: the demo preset
-    cfg, _, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--value-clip", "none"])
+    cfg, _, _ = vapo.config_from_args(["--model", "Qwen2.5-0.5B", "--dataset", "d.jsonl", "--value-clip", "none"])
     assert cfg.value_clip is None and cfg.model == "Qwen2.5-0.5B"  # with --model: one GPU's budget, not the paper's
     assert (cfg.steps, cfg.prompts_per_step) == (config.PRESETS["gpu-0.5b"]["steps"], 64) and cfg.bf16
-    paper, _, _ = vapo.config_from_args(["--model", "./my-model", "--preset", "paper"])
+    paper, _, _ = vapo.config_from_args(["--model", "./my-model", "--dataset", "d.jsonl", "--preset", "paper"])
     assert (paper.steps, paper.prompts_per_step, paper.samples_per_prompt) == (313, 512, 16) and not paper.bf16
     with pytest.raises(SystemExit, match="--eps-high"):
         vapo.config_from_args(["--eps-low", "0.3", "--eps-high", "0.1"])
@@ -92,11 +92,11 @@ def test_cli_overrides_preset_and_rejects_bad_values():
 
 def test_the_chosen_preset_is_said(caplog):
     with caplog.at_level("INFO", logger="vapo"):
-        vapo.config_from_args(["--model", "./my-model"])
+        vapo.config_from_args(["--model", "./my-model", "--dataset", "d.jsonl"])
     assert "preset gpu-0.5b (the default with --model: one GPU's budget; --preset paper" in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="vapo"):
-        vapo.config_from_args(["--model", "./my-model", "--preset", "paper"])
+        vapo.config_from_args(["--model", "./my-model", "--dataset", "d.jsonl", "--preset", "paper"])
     assert "preset paper:" in caplog.text and "default with --model" not in caplog.text
 
 

