@@ -197,6 +197,8 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--lam", type=float)
     ap.add_argument("--doc", default=os.path.join(common.ROOT, "docs", "critic-grid.md"))
+    ap.add_argument("--runs", nargs="*", default=[], help="report: run folders of --preset long whose critics to "
+                    "show beside the grid (their RL steps' EV against the floor and V*)")
     args = ap.parse_args(argv)
     if args.what == "buffer":
         make_buffer(args.out)
@@ -205,10 +207,10 @@ def main(argv=None):
     elif args.what == "cell":
         fit_cell(args.lr, args.mb, args.epochs, args.lam, args.out)
     else:
-        report(args.out, args.doc)
+        report(args.out, args.doc, args.runs)
 
 
-def report(out: str, doc: str) -> None:
+def report(out: str, doc: str, runs: list[str] = ()) -> None:
     """docs/critic-grid.md and its figure from out/cells: every cell of GRID, the references beside them."""
     buffer = load_buffer(out)
     refs = references(buffer, load_tokenizer(folder_of("builtin-long")))
@@ -256,12 +258,38 @@ def report(out: str, doc: str) -> None:
     missing = [cell_name(*c) for c, r in zip(itertools.product(*GRID.values()), cells) if r is None]
     lines += ["", f"Best on validation: **{best['cell']}**, EV {best['checkpoints'][-1]['ev_return']:+.3f} against the "
               f"floor's {refs['ev_floor']:+.3f}." + (f" Not run: {', '.join(missing)}." if missing else "")]
+    lines += run_table(runs)
     figure = os.path.splitext(doc)[0] + ".png"
     draw(done, refs, figure)
     lines += ["", f"![EV by learning rate]({os.path.basename(figure)})", ""]
     with open(doc, "w") as fh:
         fh.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def run_table(runs: list[str]) -> list[str]:
+    """Lines of a table of RL runs' critics (common.summarise_run): per run, value pretraining's last EV and whether
+    it reached its gate, and over the RL steps the mean EV of the critic, the step-count floor and V*, the share of
+    steps where the critic beat the floor, the critic's fit to V* and its share of clipped steps."""
+    if not runs:
+        return []
+    lines = ["", "RL runs (each RL step's batch of 64: the floor and V* fitted on the 8 batches before it, "
+             "`vapo.critic_judge`):", "",
+             "| run | pretraining EV (last 3) | gate reached | EV critic | EV floor | EV V* | steps critic > floor | "
+             "critic's EV of V* | clipped critic steps | held-out greedy / avg@k, base -> final |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        s = common.summarise_run(run)
+        if s is None:
+            lines.append(f"| {run} | not finished |||||||||")
+            continue
+        steps = [r for r in common.rl_steps(common.read_records(run)) if "ev_floor" in r]
+        wins = sum(r["explained_variance"] > r["ev_floor"] for r in steps)
+        lines.append(f"| {os.path.relpath(run, common.ROOT)} | {s['pretrain_ev_last3']:.3f} | {s['pretrain_reached']} | "
+                     f"{s['ev']:.3f} | {s['ev_floor']:.3f} | {s['ev_exact']:.3f} | {wins} of {len(steps)} | "
+                     f"{s['ev_critic_exact']:.3f} | {s['clipped_critic']:.2f} | {100 * s['greedy_base']:.1f} -> "
+                     f"{100 * s['greedy_final']:.1f} / {100 * s['avg_base']:.1f} -> {100 * s['avg_final']:.1f} |")
+    return lines
 
 
 def credit_figures(values: torch.Tensor, part: dict, tokenizer) -> dict:
