@@ -3,6 +3,7 @@ a value function, chosen on rollouts of the training distribution, never on the 
 
     python bench/critic_grid.py buffer                     # the base policy's rollouts, once (about 10 min, 1 core)
     python bench/critic_grid.py fit --jobs 2               # every cell of the grid (GRID), two processes
+    python bench/critic_grid.py curve                      # the pick on 100 batches: is the critic short of data?
     python bench/critic_grid.py report                     # docs/critic-grid.md's table and figure
 
 The buffer: the long chains' base model (--preset long's policy) samples, at the training rollouts' temperature 1
@@ -92,6 +93,29 @@ def make_buffer(out: str) -> None:
     torch.save(saved, os.path.join(out, "buffer.pt"))
 
 
+CURVE_BATCHES = 100  # the learning curve's batches: value pretraining's stream continued (the paper's 50 steps, and 2x)
+
+
+def extend_buffer(out: str) -> None:
+    """out/buffer-more.pt: value pretraining's prompt stream continued from batch 21 to CURVE_BATCHES, sampled as the
+    buffer is, leaving out any validation prompt (so a batch may hold 7 prompts)."""
+    from data import prompt_batch
+    torch.manual_seed(1)
+    policy, tokenizer = load_policy(folder_of("builtin-long"), dtype=torch.float32)
+    engine = HFEngine(policy, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=PROMPTS)
+    rows = task.make_dataset(20000, config.stream(0, "builtin_rows"), task.LONG.min_steps, task.LONG.max_steps,
+                             split="train")
+    held = {p["expr"] for p in load_buffer(out)["validation"]["problems"]}
+    more = []
+    for s in range(BATCHES, CURVE_BATCHES):
+        batch = [r for r in prompt_batch(rows, s, PROMPTS, config.stream(0, "pretrain_prompts")) if r["expr"] not in held]
+        with torch.no_grad():
+            rollout = engine.generate([r["prompt"] for r in batch], n=G, seed=1000 + s)
+        more.append({"rollout": rollout, "problems": [batch[int(j)] for j in rollout.prompt_index]})
+        print(f"batch {s + 1}/{CURVE_BATCHES}", flush=True)
+    torch.save(more, os.path.join(out, "buffer-more.pt"))
+
+
 def rewards_of(part: dict) -> torch.Tensor:
     """[B] +1 / -1: the built-in verifier's score of each response."""
     return torch.tensor([1.0 if task.is_correct(t, p["answer"]) else -1.0
@@ -128,8 +152,10 @@ def ev_against(values: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -
     return explained_variance(values, target, mask)
 
 
-def fit_cell(lr: float, mb: int, epochs: int, lam: float, out: str) -> dict:
-    """One cell of the grid (module docstring): its figures after each checkpoint, written to out/cells/NAME.json."""
+def fit_cell(lr: float, mb: int, epochs: int, lam: float, out: str, curve: bool = False) -> dict:
+    """One cell of the grid (module docstring): its figures after each checkpoint, written to out/cells/NAME.json.
+    curve: the learning curve instead, on CURVE_BATCHES batches (buffer-more.pt after the buffer's), checkpoints every
+    10, written to out/curve/NAME.json."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     random.seed(0)
@@ -147,23 +173,27 @@ def fit_cell(lr: float, mb: int, epochs: int, lam: float, out: str) -> dict:
               "ev_floor": refs["ev_floor"], "ev_exact_reference": refs["ev_exact"], "checkpoints": []}
     t0 = time.time()
     steps = 0
-    for i, part in enumerate(buffer["train"]):
+    train, checkpoints, folder = buffer["train"], CHECKPOINTS, "cells"
+    if curve:
+        train = train + torch.load(os.path.join(out, "buffer-more.pt"), weights_only=False)
+        checkpoints, folder = tuple(range(10, CURVE_BATCHES + 1, 10)), "curve"
+    for i, part in enumerate(train):
         rollout, mask = part["rollout"], part["rollout"].response_mask
         values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T]
         _, returns = gae(terminal_rewards(rewards_of(part), mask), values, mask, lam=lam)  # the critic's targets
         stats = vapo.update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
                             train_policy=False)
         steps += epochs * rollout.B // mb
-        if i + 1 in CHECKPOINTS:
+        if i + 1 in checkpoints:
             v = score_rollout(None, critic, v_rollout, 16)["values"]
             result["checkpoints"].append({
                 "batches": i + 1, "optimizer_steps": steps, "ev_return": ev_against(v, v_returns, v_mask),
                 "ev_exact": ev_against(v, refs["exact"], v_mask),
                 "clipped_frac": stats.get("grad_clipped/critic"), "value_loss": stats.get("value_loss"),
                 "seconds": time.time() - t0})
-    os.makedirs(os.path.join(out, "cells"), exist_ok=True)
-    torch.save(v.half(), os.path.join(out, "cells", result["cell"] + ".values.pt"))  # the final V(s_t) on validation
-    common.write_json(os.path.join(out, "cells", result["cell"] + ".json"), result)
+    os.makedirs(os.path.join(out, folder), exist_ok=True)
+    torch.save(v.half(), os.path.join(out, folder, result["cell"] + ".values.pt"))  # the final V(s_t) on validation
+    common.write_json(os.path.join(out, folder, result["cell"] + ".json"), result)
     last = result["checkpoints"][-1]
     print(f"{result['cell']}: EV return {last['ev_return']:+.3f} (floor {refs['ev_floor']:+.3f}, V* "
           f"{refs['ev_exact']:+.3f}), EV of V* {last['ev_exact']:+.3f}, {last['seconds']:.0f} s", flush=True)
@@ -189,7 +219,7 @@ def fit_all(out: str, jobs: int) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("buffer", "fit", "cell", "report"))
+    ap.add_argument("what", choices=("buffer", "fit", "cell", "curve", "report"))
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--lr", type=float)
@@ -206,6 +236,10 @@ def main(argv=None):
         fit_all(args.out, args.jobs)
     elif args.what == "cell":
         fit_cell(args.lr, args.mb, args.epochs, args.lam, args.out)
+    elif args.what == "curve":  # the pick of the grid, trained on CURVE_BATCHES batches: is it short of data?
+        if not os.path.exists(os.path.join(args.out, "buffer-more.pt")):
+            extend_buffer(args.out)
+        fit_cell(args.lr or 3e-4, args.mb or 16, args.epochs or 1, args.lam or 1.0, args.out, curve=True)
     else:
         report(args.out, args.doc, args.runs)
 

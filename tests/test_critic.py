@@ -182,3 +182,27 @@ def test_the_judge_measures_the_critic_on_what_it_saw_before(tiny_model_dir, tmp
     assert not keys & set(steps[0]) and keys <= set(steps[1])
     assert vapo.critic_judge(tiny_config(tiny_model_dir, tmp_path / "g", algo="grpo", **vapo.ALGORITHMS["grpo"]),
                              None, None) is None
+
+
+def test_the_grids_credit_figure_sees_where_exact_values_drop(tokenizer):
+    """bench/critic_grid.credit_figures: V*'s TD error sits on the habit response's first wrong token (its whole
+    drop from 0.5 to -1 happens there), so its credit is far above 1; the step-count floor is the same on every
+    token, so its TD error is 0 there (all of it at the end)."""
+    import os
+    import sys
+    from types import SimpleNamespace
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import critic_grid
+    exact = observed()
+    texts = [RIGHT, HABIT, RIGHT, HABIT]
+    ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    T = max(map(len, ids))
+    lengths = torch.tensor([len(i) for i in ids])
+    rollout = SimpleNamespace(B=4, texts=texts, lengths=lengths,
+                              response_ids=torch.tensor([i + [tokenizer.pad_token_id] * (T - len(i)) for i in ids]),
+                              response_mask=(torch.arange(T)[None, :] < lengths[:, None]).long())
+    part = {"rollout": rollout, "problems": [PROBLEM] * 4}
+    star = critic_grid.credit_figures(exact.values(rollout, part["problems"], tokenizer), part, tokenizer)
+    floor = critic_grid.credit_figures(exact.floor_values(rollout, part["problems"]), part, tokenizer)
+    assert star["credit_td"] > 10 and floor["credit_td"] == 0
+    assert star["ev"] > floor["ev"]
