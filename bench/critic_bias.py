@@ -21,7 +21,7 @@ the habit), since a critic that shares the policy's backbone may see one kind of
 Critics: "builtin-long-rm" (the shipped outcome reward model), "zero" (the policy's backbone, a zero head: what
 a critic starts as without --value-model), "exact" (the task's exact values V* of the policy, task.ExactValues,
 its rates measured on another sample set of the same policy: a constructed reference, what a perfect critic
-gives), or a folder (a run's critic_pretrained/, after value pretraining, or RUN/checkpoint/critic).
+gives), "floor" (the step-count floor, fitted on that other set: what a lookup of the prompt gives), or a folder (a run's critic_pretrained/, after value pretraining, or RUN/checkpoint/critic).
 --json writes the figures, --plot the curves of mean V(s_t) and the return by relative position. The responses
 and the measures (common.sample_set, common.bias_table, common.credit) are shared with bench/ablation.py, which
 judges every run's final critic with them.
@@ -67,15 +67,16 @@ def error_kinds(rollout, prompts: int = 100) -> list[str | None]:
     return [task.first_error_kind(rollout.texts[b], problems[int(rollout.prompt_index[b])]) for b in range(rollout.B)]
 
 
-def exact_values(policy: str, rollout, prompts: int, samples: int, seed: int) -> torch.Tensor:
+def exact_values(policy: str, rollout, prompts: int, samples: int, seed: int, floor: bool = False) -> torch.Tensor:
     """[B, T] V* of rollout's states (task.ExactValues), its rates counted on another sample set of the same policy
-    (seed + 1), so that no response is judged by rates it helped measure."""
+    (seed + 1), so that no response is judged by rates it helped measure; floor: the step-count floor instead,
+    fitted on that set."""
     problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
     _, other, other_rewards, _ = sample_set(policy, prompts, samples, seed + 1)
     exact = task.ExactValues()
     exact.observe(other.texts, [problems[int(i)] for i in other.prompt_index], other_rewards)
-    return exact.values(rollout, [problems[int(i)] for i in rollout.prompt_index],
-                        load_tokenizer(folder_of(policy)))
+    mine = [problems[int(i)] for i in rollout.prompt_index]
+    return exact.floor_values(rollout, mine) if floor else exact.values(rollout, mine, load_tokenizer(folder_of(policy)))
 
 
 def main(argv=None):
@@ -99,15 +100,15 @@ def main(argv=None):
     print(f"{result['date']}, {result['machine']}: {rollout.B} responses of {args.policy} (mean "
           f"{result['mean_length']:.0f} tokens, {100 * result['right']:.1f}% right)")
     for name in args.critics:
-        if name == "exact":
-            values = exact_values(args.policy, rollout, args.prompts, args.samples, args.seed)
+        if name in ("exact", "floor"):
+            values = exact_values(args.policy, rollout, args.prompts, args.samples, args.seed, floor=name == "floor")
         else:
             critic = value_model_from_policy(policy) if name == "zero" else load_value_model(folder_of(name),
                                                                                              dtype=torch.float32)
             values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
         table = bias_table(values, rewards, mask, args.alpha, decisive, errors=errors, kinds=kinds)
         parts = name.rstrip("/").split("/")  # a folder by its last parts: RUN/critic_pretrained, RUN/checkpoint/critic
-        named = name in ("zero", "exact", *builds.BUILTIN_MODELS)
+        named = name in ("zero", "exact", "floor", *builds.BUILTIN_MODELS)
         name = name if named else "/".join(parts[-3 if parts[-2:-1] == ["checkpoint"] else -2:])
         result["critics"][name] = table
         print(f"\n{name}: explained variance {table['explained_variance']:+.3f}")
