@@ -25,6 +25,7 @@ set. A critic worth trusting beats the floor; none can beat V* in expectation.
 from __future__ import annotations
 
 import argparse
+import glob
 import itertools
 import json
 import os
@@ -292,6 +293,7 @@ def report(out: str, doc: str, runs: list[str] = ()) -> None:
     missing = [cell_name(*c) for c, r in zip(itertools.product(*GRID.values()), cells) if r is None]
     lines += ["", f"Best on validation: **{best['cell']}**, EV {best['checkpoints'][-1]['ev_return']:+.3f} against the "
               f"floor's {refs['ev_floor']:+.3f}." + (f" Not run: {', '.join(missing)}." if missing else "")]
+    lines += curve_table(out, refs)
     lines += run_table(runs)
     figure = os.path.splitext(doc)[0] + ".png"
     draw(done, refs, figure)
@@ -299,6 +301,19 @@ def report(out: str, doc: str, runs: list[str] = ()) -> None:
     with open(doc, "w") as fh:
         fh.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def curve_table(out: str, refs: dict) -> list[str]:
+    """Lines of the learning curve's table (out/curve/*.json, `curve`), if it was run."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(out, "curve", "*.json"))):
+        c = common.read_json(path)
+        lines += ["", f"Learning curve of {c['cell']} on {CURVE_BATCHES} batches (value pretraining's stream continued; "
+                  f"the validation set and references as above: floor {refs['ev_floor']:+.3f}, V* {refs['ev_exact']:+.3f}):",
+                  "", "| batches | critic steps | EV of the return | EV of V* |", "|---|---|---|---|"]
+        lines += [f"| {p['batches']} | {p['optimizer_steps']} | {p['ev_return']:+.3f} | {p['ev_exact']:+.3f} |"
+                  for p in c["checkpoints"]]
+    return lines
 
 
 def run_table(runs: list[str]) -> list[str]:
