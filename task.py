@@ -53,6 +53,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 from tqdm.auto import tqdm
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from losses import explained_variance
 from reward import arith_reward
 
 EOS = "<|endoftext|>"
@@ -502,6 +503,31 @@ class ExactValues:
             for i in range(LINE_CHARS):
                 line *= self.rate((kind, None, i), total)
             out[f"{kind}_line"] = line
+        return out
+
+
+class CriticJudge:
+    """A step's critic against the task's own references, each fitted on the responses of the `window` steps before
+    it (so never on the batch it judges; value pretraining's rollouts count), then the batch is counted:
+
+        ev_floor        explained variance of the return by the step-count floor (a lookup of the prompt's steps)
+        ev_exact        by V*, the exact values of the current policy (what no critic beats in expectation)
+        ev_critic_exact 1 - Var(V* - V) / Var(V*): the share of V*'s variance the critic explains
+
+    Nothing is returned before a batch has been counted. `exact` (ExactValues) is what the teaching views draw."""
+
+    def __init__(self, tokenizer, window: int = 8):
+        self.tokenizer, self.exact = tokenizer, ExactValues(window=window)
+
+    def __call__(self, rollout, problems: list[dict], values, returns, rewards) -> dict:
+        """rollout's [B, T] values and returns, problems [B] (row b's problem), rewards [B] -> the figures above."""
+        mask, out = rollout.response_mask, {}
+        if self.exact.batches:
+            star = self.exact.values(rollout, problems, self.tokenizer)  # [B, T]
+            out = {"ev_floor": explained_variance(self.exact.floor_values(rollout, problems), returns, mask),
+                   "ev_exact": explained_variance(star, returns, mask),
+                   "ev_critic_exact": explained_variance(values, star, mask)}
+        self.exact.observe(rollout.texts, problems, rewards)
         return out
 
 

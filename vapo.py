@@ -38,7 +38,10 @@ Where we differ from the paper, on purpose:
    length: value clipping and whitening are off by default, warmup is `warmup_steps` optimizer steps, and the
    maximum length is an option. Each is our choice, documented on its field.
 2. Value pretraining can stop early once the critic's explained variance reaches a target (`value_pretrain_ev`),
-   not only after a fixed number of steps: a critic that has barely learned is worse than none.
+   not only after a fixed number of steps: a critic that has barely learned is worse than none; it says whether it
+   reached it. The critic may train on mini-batches and epochs of its own (`critic_mini_batch_size`,
+   `critic_epochs`, verl's names), which the paper does not state; on the built-in task each RL step measures it
+   against the task's exact values and a step-count floor (`critic_judge`).
 3. The built-in demo is tiny: a 1M-parameter model, tens of tokens per response, larger learning rates and
    alpha = 0.5 instead of 0.05 (alpha * length is the policy's effective horizon; 0.05 is meant for thousands
    of tokens and gives lambda_policy = 0 for the demo's lengths). `--preset paper` has the paper's values.
@@ -74,7 +77,7 @@ from losses import (explained_variance, head_mask, kl_to_reference, masked_mean,
 from reward import Verifier, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 from run import Progress, Run, SingleProcess, load_inputs
-from task import ExactValues
+from task import CriticJudge
 
 log = logging.getLogger("vapo")
 
@@ -363,30 +366,13 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
 
 
 def critic_judge(cfg: Config, critic, tokenizer):
-    """On the built-in task, in one process, with a critic and without dynamic sampling: a function that measures a
-    step's critic against the task's own references (task.ExactValues, constructed for measuring, never trained on),
-    each fitted on the responses of the 8 steps before it (so never on the batch it judges), then counts the batch:
-
-        ev_floor        explained variance of the return by the step-count floor (a lookup of the prompt's steps)
-        ev_exact        by V*, the exact values of the current policy (what no critic beats in expectation)
-        ev_critic_exact 1 - Var(V* - V) / Var(V*): the share of V*'s variance the critic explains
-
-    None elsewhere (datasets have no exact values; a sharded run's batch is split over processes)."""
+    """task.CriticJudge: each RL step's critic measured against the built-in task's exact values V* and its
+    step-count floor (ev_floor, ev_exact, ev_critic_exact in the step's record), on the built-in task, in one process,
+    with a critic and without dynamic sampling; None elsewhere (datasets have no exact values; a sharded run's batch
+    is split over processes)."""
     if critic is None or not cfg.builtin or cfg.dynamic_sampling or parallel.world_size > 1:
         return None
-    exact = ExactValues(window=8)
-
-    def judge(rollout, problems, values, returns, rewards) -> dict:
-        mask = rollout.response_mask
-        out = {}
-        if exact.batches:
-            out = {"ev_floor": explained_variance(exact.floor_values(rollout, problems), returns, mask),
-                   "ev_exact": explained_variance(star := exact.values(rollout, problems, tokenizer), returns, mask),
-                   "ev_critic_exact": explained_variance(values, star, mask)}
-        exact.observe(rollout.texts, problems, rewards)
-        return out
-    judge.exact = exact
-    return judge
+    return CriticJudge(tokenizer, window=8)
 
 
 def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
