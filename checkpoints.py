@@ -67,9 +67,11 @@ def save_pretrained_atomic(model, folder: str, parallel: "SingleProcess", tokeni
 # ==================================================================================================================
 
 def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers, value_pretrained: bool,
-                    pretrain: dict | None = None):
+                    pretrain: dict | None = None, judge: list | None = None):
     """checkpoint/ = policy/ and critic/ (Hugging Face format), state.pt (optimizers, schedulers, RNG states,
-    step; `pretrain` = {"step", "recent"} while value pretraining is unfinished).
+    step; `pretrain` = {"step", "recent"} while value pretraining is unfinished; `judge`, the counts behind the
+    critic's exact-value figures (task.ExactValues.batches), so that a resumed run reports them as one that ran
+    through).
 
     Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then
     swapped in; the checkpoint it replaces becomes checkpoint.prev, the fallback if the new one is ever found
@@ -90,7 +92,7 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
     if critic is not None:  # GRPO and DAPO have none
         parallel.save_pretrained(critic, os.path.join(tmp, "critic"))
     rng = rng_state()
-    state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain,
+    state = {"step": step, "value_pretrained": value_pretrained, "pretrain": pretrain, "judge": judge,
              "optimizers": parallel.save_optimizers(optimizers, tmp), "rng": rng}
     if parallel.world_size > 1:
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
@@ -198,5 +200,5 @@ def load_checkpoint(run: "Run", policy, critic, optimizers) -> dict | None:
         set_rng_state(rng)
         log.info("resuming from %s (step %d)", path, state["step"])
         return {"step": state["step"], "value_pretrained": state["value_pretrained"],
-                "pretrain": state.get("pretrain")}
+                "pretrain": state.get("pretrain"), "judge": state.get("judge")}
     return None

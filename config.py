@@ -118,6 +118,7 @@ STREAMS: dict[str, int] = {
     "pretrain_prompts": 1,  # the prompts of each value-pretraining step: other prompts than the RL steps'
     "evaluation": 7919,  # held-out sampling: the same draws at every evaluation, which differ only by the weights
     "views_probe": 104729,  # the teaching views' probe samples, drawn once from the starting policy
+    "reasoning_gym_train": 1,  # reasoning-gym's training problems: seeds from (seed + this) x data.RG_SEED_BLOCK on
 }
 
 

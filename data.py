@@ -351,7 +351,8 @@ def _reasoning_gym_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         raise ValueError(f"--eval-dataset {eval_source}: a reasoning-gym --dataset is scored by its generator, so "
                          f"the held-out problems must be one too (reasoning-gym:NAME), or leave --eval-dataset out")
     held_out = reasoning_gym_rows(eval_source, cfg.eval_prompts, 0, cfg.template, tokenizer)
-    train = reasoning_gym_rows(cfg.dataset, None, (cfg.seed + 1) * RG_SEED_BLOCK, cfg.template, tokenizer)
+    train = reasoning_gym_rows(cfg.dataset, None, stream(cfg.seed, "reasoning_gym_train") * RG_SEED_BLOCK, cfg.template,
+                               tokenizer)
     seen = {r["question"] for r in held_out}
     kept = [r for r in train if r["question"] not in seen]
     if len(kept) < len(train):

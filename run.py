@@ -253,6 +253,7 @@ class Run:
         self.metrics_path = os.path.join(self.dir, "metrics.jsonl")
         self.t0 = time.perf_counter()
         self.writer = None
+        self.judge = None  # vapo.critic_judge's, when the run has one: its counts go into every checkpoint
         self.stop = StopRequest()
         if parallel.is_main:  # one process writes the run folder
             if cfg.report_to == "tensorboard":
@@ -345,8 +346,9 @@ class Run:
     # --- checkpoints --------------------------------------------------------------------------------------------
     def save(self, progress: Progress):
         """A checkpoint of where the run stands (save_checkpoint)."""
+        judge = self.judge.exact.batches if self.judge is not None else None
         save_checkpoint(self, progress.step, self.policy, self.critic, self.tokenizer, self.optimizers,
-                        progress.value_pretrained, None if progress.value_pretrained else progress.pretrain)
+                        progress.value_pretrained, None if progress.value_pretrained else progress.pretrain, judge)
 
     def save_pretrained_critic(self):
         """critic_pretrained/: the value-pretrained critic, a Hugging Face folder (--value-model takes it)."""
@@ -361,6 +363,8 @@ class Run:
         pretrained_critic = os.path.join(self.dir, "critic_pretrained")
         if saved is not None:
             progress = Progress(saved["step"], saved["value_pretrained"], saved["pretrain"] or Progress().pretrain)
+            if self.judge is not None and saved["judge"] is not None:
+                self.judge.exact.batches = saved["judge"]
             self.truncate_metrics(progress.step, None if progress.value_pretrained else progress.pretrain["step"])
             log.info("resumed from step %d%s", progress.step, "" if progress.value_pretrained else
                      f" (value pretraining step {progress.pretrain['step']})")

@@ -267,7 +267,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
     run.attach(policy, critic, tokenizer, optimizers, engine)
     progress = Progress()
-    judge = critic_judge(cfg, critic, tokenizer)  # the built-in task's exact values beside the critic, or None
+    run.judge = judge = critic_judge(cfg, critic, tokenizer)  # the task's exact values beside the critic, or None
     run.views.exact = judge.exact if judge is not None else None  # V* drawn beside V(s_t) once it is measured
     if resume:
         progress = run.restore()

@@ -529,6 +529,8 @@ def main():
                        "--value-pretrain-steps", "1", "--prompts-per-step", "2", "--samples-per-prompt", "4",
                        "--mini-batch-size", "8", "--micro-batch-size", "8", "--dynamic-sampling-rounds", "1",
                        "--max-new-tokens", "32" if args.preset == "demo" else "48", "--eval-batch-size", held_out]
+        if PRESETS[args.preset].get("critic_mini_batch_size"):  # the preset's critic mini-batch: the whole tiny batch
+            sweep_args += ["--critic-mini-batch-size", "8"]
     else:
         sweep_args += ["--eval-every-samples", str(steps * per_step // sweep["evaluations"])]
         sweep_args += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []

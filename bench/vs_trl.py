@@ -417,7 +417,8 @@ def phase_lines(summary: dict) -> list[str]:
 GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains reported by default (bench/ablation.py's: 0.05, 0.10, 0.20)
 # --learn --tiny: TINY's shapes with 48 new tokens (room for a short chain's answer, as bench/ablation.py --quick
 # has for long), for 2 rollouts, evaluated after each on 4 held-out prompts: a check that it runs
-LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4)
+LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4,
+                  critic_mini_batch_size=None)  # TRL has no critic; TINY's batch holds no critic mini-batch of 16
 LEARN_TINY_ROLLOUTS = 2
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that keep the clipped PPO objective
 
