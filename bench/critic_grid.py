@@ -266,7 +266,8 @@ def report(out: str, doc: str, runs: list[str] = ()) -> None:
         "Each cell starts from the shipped outcome reward model and sees the 20 batches of 64 once, in shuffled "
         "critic mini-batches (`vapo.update(..., train_policy=False)`: warmup 5 steps, gradient clip 1.0). EV = "
         "explained variance on the validation set after 5 / 10 / 20 batches; EV of V* = 1 - Var(V* - V) / Var(V*); "
-        "clipped = share of the last batch's critic steps whose gradient norm was clipped.", "",
+        "clipped = share of the last batch's critic steps whose gradient norm was clipped; seconds: the cell's wall time, "
+        "with other jobs beside it (a load that varied).", "",
         "| lr | critic mini-batch | lambda | steps | EV 5 | EV 10 | EV 20 | EV of V* (20) | clipped | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|"]
     for c in done:
