@@ -823,8 +823,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[str, float]:
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
-    greedy, each with its standard error over prompts (standard_error); avg@k on the first eval_sampled_prompts rows
-    only, when set. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is
+    greedy, each with its standard error over prompts (standard_error), and pass@k (k > 1: the share of prompts with
+    at least one right sample of the k); avg@k and pass@k on the first eval_sampled_prompts rows only, when set. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is
     untouched (config.STREAMS["evaluation"]). Sampled in passes of eval_batch prompts, so that the KV cache never
     holds more rows than a training rollout's (or --eval-batch-size prompts x k)."""
     # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
@@ -840,6 +840,8 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         if not mine:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
             out[f"eval/acc_{name}"] = batch_mean(torch.zeros(0))
             out[f"eval/acc_{name}_se"] = standard_error(torch.zeros(0), prompts)
+            if n > 1:
+                out[f"eval/pass@{n}"] = batch_mean(torch.zeros(0))
             out[f"eval/response_len_{name}"] = batch_mean(torch.zeros(0))
             out |= {f"eval/acc_{name}_steps_{band}": batch_mean(torch.zeros(0)) for band in bands}
             continue
@@ -851,6 +853,8 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right
             0, rollout.prompt_index.long().cpu(), (scores > 0).double().cpu()) / n
         out[f"eval/acc_{name}_se"] = standard_error(per_prompt, prompts)
+        if n > 1:  # pass@k: the share of prompts with any right sample (sharpening raises avg@k, not pass@k)
+            out[f"eval/pass@{n}"] = batch_mean((per_prompt > 0).double())
         out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
         for band in bands:
             pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)

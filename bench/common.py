@@ -176,7 +176,8 @@ def mean_sd(values) -> tuple[float, float] | None:
 
 def summarise_run(run_dir: str) -> dict | None:
     """The figures of one finished run folder (None if it did not finish): held-out accuracy (avg@k and greedy)
-    at the first and the last evaluation and the gains, the final greedy length over the base's, the critic's
+    at the first and the last evaluation and the gains, pass@k at both (NaN in runs from before it was logged), the
+    final greedy length over the base's, the critic's
     explained variance (value pretraining's last 3 steps and whether it reached its gate; the RL steps' mean, beside
     the step-count floor's and V*'s on the same steps, and the critic's fit to V*), means over the RL steps of the
     share of clipped critic steps, the NLL's weight, the clip fraction, approx KL and entropy, and the run's
@@ -197,6 +198,7 @@ def summarise_run(run_dir: str) -> dict | None:
     return {
         "k": k,
         "avg_base": first[sampled], "avg_final": last[sampled], "avg_gain": last[sampled] - first[sampled],
+        "pass_base": first.get(f"eval/pass@{k[4:]}", nan), "pass_final": last.get(f"eval/pass@{k[4:]}", nan),
         "greedy_base": first["eval/acc_greedy"], "greedy_final": last["eval/acc_greedy"],
         "greedy_gain": last["eval/acc_greedy"] - first["eval/acc_greedy"],
         "len_ratio": last["eval/response_len_greedy"] / first["eval/response_len_greedy"],

@@ -517,6 +517,20 @@ def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(
         Config(eval_sampled_prompts=0).validate()
 
 
+def test_pass_at_k_counts_a_prompt_once_any_of_its_samples_is_right(tiny_policy, tokenizer, monkeypatch):
+    """Three prompts x 2 samples scored [+ -], [- -], [+ +]: avg@2 is 3 of 6, pass@2 is 2 of 3; greedy (k = 1) has
+    no pass@k."""
+    from engines import HFEngine
+    from task import make_dataset
+    fixed = {6: torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0]), 3: torch.tensor([1.0, -1.0, -1.0])}
+    monkeypatch.setattr(vapo, "verify", lambda rollout, rows, cfg, verifier, stats=None: fixed[rollout.B])
+    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=4)
+    out = vapo.evaluate(HFEngine(tiny_policy, tokenizer, max_new_tokens=4), make_dataset(3, seed=0, split="eval"),
+                        cfg, Verifier(arith_reward, 0))
+    assert out["eval/acc_avg@2"] == 0.5 and out["eval/pass@2"] == pytest.approx(2 / 3)
+    assert not [k for k in out if k.startswith("eval/pass@1")]
+
+
 # ---- #31: fidelity of the reward, the critic's loss and the prompt stream to DAPO and verl ----
 
 def test_a_truncated_response_earns_the_wrong_reward_unless_graded():
