@@ -238,6 +238,8 @@ def validate(cfg, algorithms: dict):
         (lambda: not c.clip_higher or c.eps_high >= c.eps_low, "eps_high",
          f"must be >= eps_low = {c.eps_low} with clip-higher (it raises the upper bound)"),
         (lambda: c.mu >= 0, "mu", "must be >= 0"),
+        (lambda: c.policy_gradient or (c.positive_nll and c.mu > 0), "policy_gradient",
+         "off needs --positive-nll with mu > 0: without the policy gradient the NLL is all the policy learns from"),
         (lambda: c.kl_coef >= 0, "kl_coef", "must be >= 0 (0 = no KL term)"),
         (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
         (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),

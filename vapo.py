@@ -154,6 +154,8 @@ class Config(config.RunOptions):
     """6. add mu times the NLL of correct samples to the policy loss"""
     mu: float = 0.1
     """6. weight of the positive-example NLL"""
+    policy_gradient: bool = True
+    """the clipped policy-gradient term of Eq. 8 (off, a control, not the paper: the policy learns from mu * NLL of its correct samples alone, online rejection-sampling fine-tuning as in RAFT / ReST; needs --positive-nll)"""
     group_sampling: bool = True
     """7. G samples per prompt (off: prompts_per_step x G different prompts, one sample each, same sample budget)"""
 
@@ -627,7 +629,8 @@ def micro_batch_losses(policy, critic, sub: Rollout, d: dict, counts: tuple, cfg
             logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
         pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low, cfg.eps_high_used,
                                         cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8: techniques 4 and 5
-        loss = pg_loss
+        # --no-policy-gradient (a control): the term is kept at weight 0 (its clip statistics are still logged)
+        loss = pg_loss if cfg.policy_gradient else 0.0 * pg_loss
         if cfg.kl_coef > 0:  # our option: beta * KL(pi || pi_init), aggregated as the policy loss
             kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
             loss = loss + cfg.kl_coef * kl

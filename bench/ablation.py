@@ -6,7 +6,10 @@
     python bench/ablation.py --rows VAPO GRPO --seeds 0 1 2
 
 Rows: the paper's baselines (`--algo ppo|grpo|dapo`), VAPO, and VAPO without each of its seven techniques (one
-switch each). Every run is `python vapo.py --preset P --seed S <the row's options> --max-samples BUDGET ...` in
+switch each); then six controls that are not in the paper and tell VAPO from self-imitation of its correct samples
+(CONTROLS): GRPO with the token-level loss, DAPO at equal updates (more samples), GRPO + NLL and PPO + NLL at the
+preset's mu, VAPO at the paper's mu 0.1, and the NLL alone with no policy gradient (`--no-policy-gradient`: online
+rejection-sampling fine-tuning, RAFT / ReST); "VAPO mu 0" is the row "w/o Positive Example LM Loss". Every run is `python vapo.py --preset P --seed S <the row's options> --max-samples BUDGET ...` in
 its own process with one torch thread, --jobs at a time, so that every row has the same budget of generated
 samples (DAPO's dynamic sampling generates more per step, so it takes fewer steps). The rows that pretrain the
 critic share one pretrained critic per seed: VAPO's run pretrains it and the others start from its
@@ -25,7 +28,10 @@ the runs, each run's final critic is judged on one fixed set of the base model's
 its bias and explained variance by fifth of the response, and how much of the advantage's magnitude sits on the
 decisive tokens, the borrow digits), cached in the run folder as diagnostics.json.
 
-Writes ablation.md (the table, and one of what the techniques act on: the critic's explained variance overall
+`--evaluations 1` evaluates at the start and the end only (the preset's own schedule), which saves one held-out
+evaluation (about 3 minutes of a long run). Writes ablation.md (the table, one that tells VAPO from self-imitation
+(pass@k beside avg@k, updates, samples, the NLL's weight, entropy, the critic's EV against the step-count floor),
+and one of what the techniques act on: the critic's explained variance overall
 and on the first tenth of responses, the raw advantage on the first tenth against the rest, lambda_policy, clip
 fractions at the lower and the upper bound, KL, entropy, response length early and late, held-out accuracy by
 band of step counts), ablation.json (every row and every seed) and ablation.png (held-out accuracy and response
@@ -70,21 +76,34 @@ ROWS = [
     ("w/o Token-level Loss", 53, ["--no-token-level-loss"]),
     ("w/o Positive Example LM Loss", 54, ["--no-positive-nll"]),
     ("w/o Group-Sampling", 55, ["--no-group-sampling"]),
+    # The controls that tell VAPO from self-imitation (not in the paper): each modifies the row it names, at that
+    # row's settings. "VAPO mu 0" is "w/o Positive Example LM Loss" (the same options); the NLL's mu is the preset's.
+    ("GRPO token-level", "-", ["--algo", "grpo", "--token-level-loss"]),
+    ("DAPO equal updates", "-", ["--algo", "dapo"]),  # as many updates as the others: more samples (EQUAL_UPDATES)
+    ("GRPO + NLL", "-", ["--algo", "grpo", "--positive-nll"]),
+    ("PPO + NLL", "-", ["--algo", "ppo", "--positive-nll"]),
+    ("VAPO mu 0.1", "-", ["--mu", "0.1"]),
+    ("NLL only (online RAFT)", "-", ["--algo", "grpo", "--positive-nll", "--no-policy-gradient"]),
 ]
 SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Higher", "w/o Token-level Loss",
-                 "w/o Positive Example LM Loss", "w/o Group-Sampling"}
+                 "w/o Positive Example LM Loss", "w/o Group-Sampling", "VAPO mu 0.1"}
+EQUAL_UPDATES = {"DAPO equal updates"}  # the budget in steps, not in samples: --max-samples left off
+CONTROLS = [r for r, paper, _ in ROWS if paper == "-"]
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
 GAINS = (0.05, 0.10, 0.20)  # held-out avg@k gains (fractions) whose wall time to reach is reported
 
 
 def slug(row: str) -> str:
-    """A row's name as a folder name: "w/o Clip-Higher" -> "w-o-clip-higher"."""
-    return "".join(c if c.isalnum() else "-" for c in row.lower()).strip("-")
+    """A row's name as a folder name: "w/o Clip-Higher" -> "w-o-clip-higher", "GRPO + NLL" -> "grpo-nll"."""
+    return "-".join("".join(c if c.isalnum() else " " for c in row.lower()).split())
 
 
 def row_args(row: str, options: list[str], seed: int, out: str, sweep_args: list[str]) -> list[str]:
     """The vapo.py options of one run: the seed, its folder, the sweep's common options (the preset first), the
     row's own switches, and for the rows that share it VAPO's pretrained critic of the same seed."""
+    if row in EQUAL_UPDATES:  # the preset's number of updates, whatever the samples they take
+        i = sweep_args.index("--max-samples")
+        sweep_args = sweep_args[:i] + sweep_args[i + 2:]
     args = ["--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"), *sweep_args,
             *options]
     if row in SHARES_CRITIC:
@@ -210,7 +229,8 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None, probl
     """A row over its seeds: the means and spreads of the table, the diagnostics, and every seed's figures."""
     runs = [(d, common.summarise_run(d)) for d in run_dirs]
     done = [(d, s) for d, s in runs if s is not None]
-    out = {"row": row, "paper_aime24": paper, "seeds": len(done)}
+    out = {"row": row, "paper_aime24": paper, "seeds": len(done), "dir": os.path.dirname(run_dirs[0]) if run_dirs
+           else None}
     if not done:
         return out
     spread = common.mean_sd  # (mean, SD) over seeds
@@ -301,6 +321,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def imitation_table(rows: list[dict]) -> str:
+    """What tells a policy-gradient learner from self-imitation, per row (mean +- std over seeds): pass@k beside
+    avg@k at the end (sharpening the correct samples raises avg@k and leaves pass@k flat), the RL steps taken and
+    the samples they generated, the positive-example NLL's weight beside a token's policy gradient (mu x tokens /
+    positive tokens), the entropy of the last 5 steps, and the critic's explained variance of the return during
+    RL against the step-count floor (critic_judge: the EV of a lookup of the prompt's number of steps)."""
+    def seeds(r, key, scale=1.0):
+        vals = [scale * p[key] for p in r.get("per_seed", []) if isinstance(p.get(key), (int, float))
+                and p[key] == p[key]]
+        return common.mean_sd(vals)
+
+    def updates(r):
+        return common.mean_sd([sum(1 for x in common.read_records(os.path.join(r["dir"], p["run"]))
+                                   if "reward_mean" in x and "value_pretrain_step" not in x)
+                               for p in r.get("per_seed", [])]) if r.get("dir") else None
+
+    lines = ["| row | seeds | pass@k final | avg@k final | greedy final | updates | samples | NLL weight | "
+             "entropy, last 5 | critic EV during RL | step-count floor |", "|---|" + "---|" * 10]
+    for r in rows:
+        if "avg_final" not in r:
+            continue
+        lines.append(f"| {r['row']} | {r['seeds']} | {pm(seeds(r, 'pass_final'))} | {pm(r['avg_final'])} | "
+                     f"{pm(r['greedy_final'])} | {pm(updates(r), 1, '.0f')} | {r['samples']:.0f} | "
+                     f"{pm(seeds(r, 'nll_weight'), 1, '.1f')} | {pm(r['diagnostics']['entropy_last5'], 1, '.3f')} | "
+                     f"{pm(seeds(r, 'ev'), 1, '.2f')} | {pm(seeds(r, 'ev_floor'), 1, '.2f')} |")
+    return "\n".join(lines)
+
+
 DIAGNOSTICS = [  # (key, header, scale, format)
     ("explained_variance_first5", "EV, first 5 steps", 1, ".2f"), ("explained_variance", "EV", 1, ".2f"),
     ("ev_first_tenth", "EV, first tenth", 1, ".2f"), ("ev_rest", "EV, rest", 1, ".2f"),
@@ -381,6 +429,9 @@ def seed_table(rows: list[dict], others: dict[str, list[tuple[str, dict]]] | Non
         return (" -> ".join(f"{100 * e['greedy']:.1f}" for e in f["eval_curve"]),
                 " -> ".join(f"{100 * e[k]:.1f}" for e in f["eval_curve"]))
 
+    def pct(x):  # None: a run without a policy update (e.g. DAPO with no group of varied rewards)
+        return "-" if x is None else f"{100 * x:.2f}"
+
     for r in rows:
         for p in r.get("per_seed", []):
             pol, c = p.get("policy_after_rl"), p.get("critic_after_rl")
@@ -388,7 +439,7 @@ def seed_table(rows: list[dict], others: dict[str, list[tuple[str, dict]]] | Non
                       f"{100 * pol['sampled']['habit_rate']:.1f}") if pol else "| |"
             critic = f"{c['explained_variance']:.2f} / {c['credit']:.2f}" if c else "no critic"
             lines.append(f"| {r['row']} ({p['run'].rsplit('-s', 1)[1]}) | {' | '.join(curves(p))} | {judged} | "
-                         f"{100 * p['clip_frac_low']:.2f} / {100 * p['clip_frac_high']:.2f} | {critic} |")
+                         f"{pct(p['clip_frac_low'])} / {pct(p['clip_frac_high'])} | {critic} |")
     for name, figs in (others or {}).items():
         for folder, f in figs:
             run = os.path.basename(os.path.normpath(folder))
@@ -499,6 +550,8 @@ def main():
                     "algorithms, run last (default: long 3 4, demo none)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps of a row without dynamic sampling (the budget "
                     "is STEPS x the preset's samples per step; default: demo 24, long 40)")
+    ap.add_argument("--evaluations", type=int, default=None, help="held-out evaluations along the budget, after "
+                    "the one at the start (default: demo 4, long 2; 1: at the start and the end only)")
     ap.add_argument("--base", default="shipped", help="base model (demo): shipped, seedN or weak (built into the "
                     "cache first, minutes; see bench/demo_seeds.py) or a folder")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
@@ -532,7 +585,7 @@ def main():
         if PRESETS[args.preset].get("critic_mini_batch_size"):  # the preset's critic mini-batch: the whole tiny batch
             sweep_args += ["--critic-mini-batch-size", "8"]
     else:
-        sweep_args += ["--eval-every-samples", str(steps * per_step // sweep["evaluations"])]
+        sweep_args += ["--eval-every-samples", str(steps * per_step // (args.evaluations or sweep["evaluations"]))]
         sweep_args += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []
         sweep_args += ["--eval-samples", str(sweep["eval_samples"])] if sweep["eval_samples"] else []
     budget = steps * per_step
@@ -591,7 +644,8 @@ def main():
               f"preset: {args.preset}; base model: {args.base}\n"
               f"{budget} generated samples per run; mean +- std over seeds\n\n{table(rows)}\n\n"
               f"diagnostics (mean +- std over seeds of each run's mean over its RL steps):\n\n"
-              f"{diagnostics_table(rows)}\n")
+              f"{diagnostics_table(rows)}\n\n"
+              f"VAPO or self-imitation? (the controls; mean +- std over seeds):\n\n{imitation_table(rows)}\n")
     if responses is not None:
         report += (f"\nthe critics on one fixed set of responses ({start_note}):\n\n{critic_table(rows, start)}\n"
                    f"\nthe policies on {8 if args.quick else POLICY_PROBLEMS} held-out problems, what they get "

@@ -22,8 +22,8 @@ def test_the_ablations_run_in_the_demo_regime(tmp_path):
     every row stops at the same budget of samples, and the three tables have a line for each row."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import ablation
-    names = [r for r, _, _ in ablation.ROWS if r not in LONG_ROWS or r == "VAPO"]
-    assert len(names) == 7 and set(names) | set(LONG_ROWS) == {r for r, _, _ in ablation.ROWS}  # all eleven
+    names = [r for r, _, _ in ablation.ROWS if (r not in LONG_ROWS or r == "VAPO") and r not in ablation.CONTROLS]
+    assert len(names) == 7 and set(names) | set(LONG_ROWS) | set(ablation.CONTROLS) == {r for r, _, _ in ablation.ROWS}
     out = tmp_path / "ablation"
     proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out), "--rows", *names],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -74,6 +74,41 @@ def test_every_row_runs_in_the_long_regime(tmp_path):
     assert ppo_line.split(" | ")[1].count("->") == 2 and ppo_line.count("|") == 9
     (grpo_line,) = [line for line in report.splitlines() if line.startswith("| GRPO (0) |")]
     assert grpo_line.endswith("| no critic |")
+
+
+@pytest.mark.slow
+def test_the_controls_that_tell_vapo_from_self_imitation_run(tmp_path):
+    """--quick, the six controls (not in the paper): each is the row it modifies with one change, read from the
+    runs' config.json: NLL only has no policy gradient and no critic; GRPO + NLL and PPO + NLL add the NLL at the
+    preset's mu; VAPO mu 0.1 shares VAPO's pretrained critic; DAPO at equal updates takes the budget's steps and
+    more samples than the budget; GRPO token-level changes only the loss's aggregation. The table that tells
+    VAPO from self-imitation has a line for each."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    out = tmp_path / "controls"
+    proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out), "--rows",
+                           *ablation.CONTROLS], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.load(open(out / "ablation.json"))
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"VAPO", *ablation.CONTROLS} and all(r["seeds"] == 1 for r in rows.values())
+
+    def config(row):
+        return json.load(open(out / f"{ablation.slug(row)}-s0" / "config.json"))
+
+    raft, grpo_nll, ppo_nll = config("NLL only (online RAFT)"), config("GRPO + NLL"), config("PPO + NLL")
+    assert not raft["policy_gradient"] and raft["positive_nll"] and raft["group_advantage"]
+    assert grpo_nll["positive_nll"] and grpo_nll["policy_gradient"] and grpo_nll["mu"] == config("VAPO")["mu"]
+    assert ppo_nll["positive_nll"] and not ppo_nll["value_pretraining"] and not ppo_nll["decoupled_gae"]
+    assert config("VAPO mu 0.1")["mu"] == 0.1
+    assert config("VAPO mu 0.1")["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
+    dapo = config("DAPO equal updates")
+    assert dapo["max_samples"] is None and dapo["dynamic_sampling"]
+    assert rows["DAPO equal updates"]["samples"] >= result["budget"]
+    assert config("GRPO token-level")["token_level_loss"] and not config("GRPO token-level")["positive_nll"]
+    report = (out / "ablation.md").read_text()
+    table = report.split("VAPO or self-imitation?")[1].split("\n\n")[1]
+    assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == ["VAPO", *ablation.CONTROLS]
 
 
 def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():

@@ -392,6 +392,40 @@ def test_positive_nll_switch(tiny_model_dir, tmp_path):
             assert "nll_loss" not in stats and not moved
 
 
+def test_no_policy_gradient_learns_from_the_nll_alone(tiny_model_dir):
+    """--no-policy-gradient (online RAFT, a control): the advantages no longer reach the policy, so an update with
+    random advantages lands where one with zero advantages does, and the NLL still moves it; with the policy
+    gradient on, the same advantages move it elsewhere. Without the NLL the option is refused."""
+    from models import load_policy, value_model_from_policy
+    from engines import HFEngine
+    from rollout import score_rollout
+    policy, tok = load_policy(tiny_model_dir)
+    critic = value_model_from_policy(policy)
+    rollout = HFEngine(policy, tok, max_new_tokens=8).generate(["Compute: 1+2\n"] * 4, n=1, seed=0)
+    scored = score_rollout(policy, critic, rollout)
+    start = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    advantages = torch.randn(scored["values"].shape, generator=torch.Generator().manual_seed(0))
+
+    def updated(advantages, pg: bool):
+        policy.load_state_dict(start)
+        torch.manual_seed(0)  # the same mini-batch order each time
+        batch = {"old_logprobs": scored["old_logprobs"], "values": scored["values"], "advantages": advantages,
+                 "returns": torch.ones_like(scored["values"]), "positive": torch.tensor([True, False, True, False])}
+        cfg = Config(policy_gradient=pg, mu=1.0, prompts_per_step=4, samples_per_prompt=1, mini_batch_size=4,
+                     micro_batch_size=2).validate()
+        opts = {"policy": vapo.make_optimizer(policy, 1e-3, cfg), "critic": vapo.make_optimizer(critic, 1e-4, cfg)}
+        vapo.update(policy, critic, opts, rollout, batch, cfg)
+        return [p.detach().clone() for p in policy.parameters()]
+
+    nll_random, nll_zero = updated(advantages, False), updated(torch.zeros_like(advantages), False)
+    assert all(torch.equal(a, b) for a, b in zip(nll_random, nll_zero))
+    assert any(not torch.equal(a, start[k]) for a, k in zip(nll_zero, [n for n, _ in policy.named_parameters()]))
+    with_pg = updated(advantages, True)
+    assert any(not torch.equal(a, b) for a, b in zip(with_pg, nll_random))
+    with pytest.raises(ValueError, match="--policy-gradient: off needs --positive-nll"):
+        Config(policy_gradient=False, positive_nll=False).validate()
+
+
 def test_value_pretraining_switch_and_critic_only(tiny_model_dir, tmp_path):
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretraining=False))
     assert not any("value_pretrain_step" in r for r in read_metrics(run_dir))
