@@ -212,6 +212,23 @@ def verifier_for(cfg) -> Verifier:
     return Verifier(reasoning_gym_reward if is_reasoning_gym(cfg.dataset) else math_reward, cfg.reward_workers)
 
 
+def last_step(cfg, step: int, generated: int) -> bool:
+    """Whether RL step `step`, after which `generated` samples have been generated in all, is the run's last:
+    --steps reached, or --max-samples."""
+    return step == cfg.steps or (cfg.max_samples is not None and generated >= cfg.max_samples)
+
+
+def evaluates(cfg, step: int, before: int, after: int) -> bool:
+    """Whether an evaluation follows RL step `step`, which took the samples generated from `before` to `after`:
+    the last step's (last_step), and every --eval-every-samples samples if set, else every --eval-every steps.
+    (bench/vs_trl.py --learn evaluates TRL's run by the same rule.)"""
+    if last_step(cfg, step, after):
+        return True
+    if cfg.eval_every_samples:
+        return after // cfg.eval_every_samples > before // cfg.eval_every_samples
+    return bool(cfg.eval_every) and step % cfg.eval_every == 0
+
+
 # ==================================================================================================================
 # The run folder
 # ==================================================================================================================
@@ -423,8 +440,8 @@ class Run:
                 f"gradient ({record.get('nonfinite_cause', 'see the log')}); their updates were skipped, so the "
                 f"checkpoint in {self.dir} holds the last finite weights. Lower --actor-lr/--critic-lr or check "
                 f"the data, then continue with --resume {self.dir} (--max-nonfinite-steps sets the limit).")
-        last = done == cfg.steps or (cfg.max_samples is not None and self.generated >= cfg.max_samples)
-        if last or self.evaluates(done, before, self.generated):
+        last = last_step(cfg, done, self.generated)
+        if self.evaluates(done, before, self.generated):
             evaluate(done)
             plot(self)
         stop_now = self.stop_requested()
@@ -438,13 +455,9 @@ class Run:
         return stop_now and self.stopped(done)
 
     def evaluates(self, step: int, before: int, after: int) -> bool:
-        """Whether an evaluation follows step `step`, which took the samples generated from `before` to `after`:
-        every --eval-every-samples samples if set, else every --eval-every steps (the last step always is, and
-        is decided in after_step)."""
-        cfg = self.cfg
-        if cfg.eval_every_samples:
-            return after // cfg.eval_every_samples > before // cfg.eval_every_samples
-        return bool(cfg.eval_every) and step % cfg.eval_every == 0
+        """Whether an evaluation follows step `step`, which took the samples generated from `before` to `after`
+        (evaluates, the module's rule: the last step, and every --eval-every-samples or --eval-every)."""
+        return evaluates(self.cfg, step, before, after)
 
     def stopped(self, step: int) -> bool:
         """If a signal asked to stop: say how to continue, and True."""

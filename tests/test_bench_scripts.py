@@ -188,6 +188,8 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     that bench/ablation.py reads as it reads a run folder."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import ablation
+    import common
+    import run as run_mod
     import vs_trl
 
     cfg = vs_trl.learn_config("long", 0, tiny=False)
@@ -197,28 +199,29 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     assert (cfg.actor_lr, cfg.warmup_steps, cfg.mini_batch_size, cfg.micro_batch_size) == (1.5e-5, 5, 4, 4)
     assert (cfg.eval_prompts, cfg.eval_sampled_prompts, cfg.eval_samples, cfg.eval_top_p, cfg.eval_batch_size) == \
         (1100, 550, 2, 1.0, 110)
-    plan = vs_trl.learn_plan(cfg, "long", tiny=False)
-    assert plan == {"rollouts": 40, "budget": 2560, "eval_every": 1280}
+    assert (cfg.steps, cfg.max_samples, cfg.eval_every_samples) == (40, 2560, 1280)  # as ablation.py passes them
+    plan = vs_trl.learn_plan(cfg)
+    assert plan == {"rollouts": 40, "budget": 2560}
     evaluated, samples = [], 0
-    for step in range(1, plan["rollouts"] + 1):  # the callback's rule, 64 samples a rollout
+    for step in range(1, plan["rollouts"] + 1):  # the callback's rule (vapo.py's), 64 samples a rollout
         before, samples = samples, samples + cfg.batch_size
-        if vs_trl.crosses(before, samples, plan["eval_every"]):
+        if run_mod.evaluates(cfg, step, before, samples):
             evaluated.append(samples)
     assert evaluated == [1280, 2560]
-    assert vs_trl.crosses(600, 700, 640) and not vs_trl.crosses(640, 700, 640) and vs_trl.crosses(0, 1300, 640)
     tiny = vs_trl.learn_config("long", 0, tiny=True)
-    assert vs_trl.learn_plan(tiny, "long", tiny=True) == {"rollouts": 2, "budget": 8, "eval_every": 4}
+    assert vs_trl.learn_plan(tiny) == {"rollouts": 2, "budget": 8} and tiny.eval_every_samples == 4
 
     class Verifier:  # stands for run.verifier_for(cfg): +1 for the answer "7"
         def score(self, completions, answers):
             return [1.0 if c == "7" else -1.0 for c in completions]
     generations = []
-    fn = vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], generations)
+    fn = vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], generations, eos_ids=[2, 3])
     assert fn(["p1", "p1", "p2", "p2"], ["7", "3", "7", "7"], [[1, 2], [1], [1, 2, 3], [4]], ["7"] * 4) == \
-        [1.0, -1.0, 1.0, 1.0]
-    assert generations == [{"samples": 4, "tokens": 7, "prompts": ["p1", "p2"], "scores": [1.0, -1.0, 1.0, 1.0]}]
+        [1.0, -1.0, 1.0, -1.0]  # the last completion ended without an EOS: cut at the length limit, wrong
+    assert generations == [{"samples": 4, "tokens": 7, "truncated": 2, "prompts": ["p1", "p2"],
+                            "scores": [1.0, -1.0, 1.0, -1.0]}]
     try:
-        vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], [])(["p2", "p1"], ["7", "7"], [[1], [1]], ["7", "7"])
+        vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], [], [2])(["p2", "p1"], ["7", "7"], [[2], [2]], ["7", "7"])
         raise AssertionError("other prompts than vapo.py's were accepted")
     except SystemExit as stop:
         assert "sampled other prompts than vapo.py's step 1" in str(stop)
@@ -229,11 +232,14 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     records.start()
     records.emit(vs_trl.eval_record(0, 0, {"eval/acc_avg@4": 0.2, "eval/acc_greedy": 0.6,
                                            "eval/response_len_greedy": 200.0, **bands}))
-    rollout = vs_trl.rollout_record(1, {"samples": 4, "tokens": 30, "scores": [1.0, -1.0, -1.0, -1.0]}, 2.5)
+    rollout = vs_trl.rollout_record(1, {"samples": 4, "tokens": 30, "truncated": 1, "scores": [1.0, -1.0, -1.0, -1.0]},
+                                    2.5, {"time/rollout": 1.0, "time/update": 1.0})
     assert rollout == {"step": 1, "samples_generated": 4, "train_acc": 0.25, "reward_mean": -0.5,
-                       "response_len": 7.5, "time/step": 2.5}
+                       "response_len": 7.5, "truncated_frac": 0.25, "time/rollout": 1.0, "time/update": 1.0,
+                       "time/step": 2.5}
     records.emit(rollout)
-    records.emit(vs_trl.rollout_record(2, {"samples": 4, "tokens": 40, "scores": [1.0] * 4}, 2.0))
+    records.emit(vs_trl.rollout_record(2, {"samples": 4, "tokens": 40, "truncated": 0, "scores": [1.0] * 4}, 2.0,
+                                       {"time/rollout": 0.5, "time/update": 1.5}))
     records.emit(vs_trl.eval_record(2, 8, {"eval/acc_avg@4": 0.45, "eval/acc_greedy": 0.7,
                                            "eval/response_len_greedy": 190.0, **bands}))
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -246,6 +252,86 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     hit = vs_trl.time_to_gain(records.evals, 0.25, "avg@4")
     assert hit == {"samples": 8, "seconds": lines[-1]["time/elapsed"], "acc": 0.45}
     assert vs_trl.time_to_gain(records.evals, 0.3, "avg@4") is None
+    times = vs_trl.learn_times(common.rl_steps(lines))  # what learn.json reports, read back as from any run folder
+    assert times == {"steps": 2, "samples": 8, "tokens": 70, "seconds": 4.5, "s_per_sample": 4.5 / 8,
+                     "s_per_1k_tokens": 1e3 * 4.5 / 70, "median_s_per_step": 2.25,
+                     "phases_s": {"rollout": 1.5, "update": 2.5}}
+
+
+def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(monkeypatch, capsys):
+    """--learn --model, without TRL: the options this script does not know go to vapo.py's own parser, so TRL's run
+    has the Config `python vapo.py` would train with; its shapes map onto TRL's batch arguments (one generation of
+    P x G samples a rollout, batch / mini optimizer steps of mini / micro micro-batches, ppo_epochs passes), its
+    budget and evaluations are vapo.py's, and the reward is the generator's verifier on the row's gold with the
+    truncation rule; TRL's profiling blocks split a rollout's time into vapo.py's phases."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import data
+    import reward
+    import run as run_mod
+    import vapo
+    import vs_trl
+
+    seen = {}
+    monkeypatch.setattr(vs_trl, "trl_learn", lambda args, cfg: seen.update(args=args, cfg=cfg))
+    spec = "reasoning-gym:chain_sum?min_terms=2&max_terms=2&max_digits=1"
+    options = ["--template", "chat", "--prompts-per-step", "4", "--samples-per-prompt", "8", "--mini-batch-size",
+               "16", "--micro-batch-size", "4", "--max-new-tokens", "64", "--actor-lr", "5e-6", "--eval-prompts", "96",
+               "--max-samples", "64", "--eval-every-samples", "32", "--no-bf16"]
+    vs_trl.main(["--learn", "--model", "m.gguf", "--dataset", spec, "--seed", "2", "--steps", "3", "--out", "x",
+                 *options])
+    cfg = seen["cfg"]
+    assert cfg == vapo.config_from_args(["--model", "m.gguf", "--dataset", spec, "--steps", "3", "--seed", "2",
+                                         *options])[0]
+    assert seen["args"].vapo_args[:10] == ["--model", "m.gguf", "--dataset", spec, "--steps", "3", "--seed", "2",
+                                           "--template", "chat"]
+    assert (cfg.actor_lr, cfg.max_new_tokens, cfg.template, cfg.bf16, cfg.gradient_checkpointing) == \
+        (5e-6, 64, "chat", False, True)  # the gpu-0.5b preset that a bare --model picks: checkpointing on
+    plan = vs_trl.learn_plan(cfg)
+    assert plan == {"rollouts": 2, "budget": 64}  # --max-samples 64 stops vapo.py after 2 steps of 32
+    assert [s for s in (1, 2) if run_mod.evaluates(cfg, s, 32 * (s - 1), 32 * s)] == [1, 2]
+    shape = {k: getattr(cfg, k) for k in vs_trl.SHAPE_KEYS}
+    grpo = vs_trl.grpo_settings(shape, plan["rollouts"])
+    assert {k: grpo[k] for k in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                                 "steps_per_generation", "num_iterations", "max_steps", "max_completion_length",
+                                 "learning_rate", "warmup_steps", "max_grad_norm", "epsilon", "beta", "loss_type",
+                                 "bf16", "gradient_checkpointing", "use_cpu")} == {
+        "num_generations": 8, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
+        "steps_per_generation": 8, "num_iterations": 1, "max_steps": 4, "max_completion_length": 64,
+        "learning_rate": 5e-6, "warmup_steps": 10, "max_grad_norm": 1.0, "epsilon": 0.2, "beta": 0.0,
+        "loss_type": "dapo", "bf16": False, "gradient_checkpointing": True, "use_cpu": True}
+    assert vs_trl.grpo_settings({**shape, "ppo_epochs": 2}, 2)["max_steps"] == 8  # 2 passes of 2 mini-batches
+
+    vs_trl.main(["--learn", "--tiny", "--out", "y"])  # the sweep's mode still takes the preset's config
+    assert seen["args"].vapo_args is None and seen["cfg"] == vs_trl.learn_config("long", 0, tiny=True)
+    for argv, message in ((["--learn", "--model", "m.gguf", "--dataset", spec], "give --out"),
+                          (["--learn", "--model", "m.gguf", "--out", "x", "--tiny"], "give --out"),
+                          (["--learn", "--template", "chat"], "unrecognized arguments: --template chat"),
+                          (["--learn", "--dataset", spec], "go with --model"),
+                          (["--model", "m.gguf"], "options of --learn")):
+        with pytest.raises(SystemExit):
+            vs_trl.main(argv)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--prompts-per-step: must be >= 1"):  # vapo.py's own refusal
+        vs_trl.main(["--learn", "--model", "m.gguf", "--dataset", spec, "--out", "x", "--prompts-per-step", "0"])
+
+    pytest.importorskip("reasoning_gym")
+    rows = data.reasoning_gym_rows(spec, 2, 0, "raw")
+    generations = []
+    fn = vs_trl.verifier_reward(reward.Verifier(reward.reasoning_gym_reward, 0), [[r["question"] for r in rows]],
+                                generations, eos_ids=[9])
+    right = [f"Answer: {r['answer']}" for r in rows]
+    prompts = [rows[0]["question"]] * 2 + [rows[1]["question"]] * 2
+    golds = [data.gold_of(rows[0])] * 2 + [data.gold_of(rows[1])] * 2  # the dataset's "answer" column
+    assert fn(prompts, [right[0], right[0], right[1] + "0", right[1]], [[5, 9], [5, 5], [5, 9], [5, 5, 9]],
+              golds) == [1.0, -1.0, -1.0, 1.0]  # the second is right but was cut at the length limit: wrong
+    assert generations[0]["truncated"] == 1 and generations[0]["tokens"] == 9
+
+    blocks = [("GRPOTrainer.transformers.generate", 3.0), ("GRPOTrainer.verifier_reward", 0.5),
+              ("GRPOTrainer._calculate_rewards", 0.6), ("GRPOTrainer._get_per_token_logps_and_entropies", 2.0),
+              ("GRPOTrainer._prepare_inputs", 5.0),  # the rollout's first optimizer step: generation and scoring
+              ("GRPOTrainer.compute_loss", 2.0), ("GRPOTrainer._prepare_inputs", 1.0)]  # its next: a slice
+    assert vs_trl.trl_phases(blocks, 10.0) == {"time/rollout": 3.0, "time/reward": 0.5, "time/score": 2.5,
+                                               "time/update": 4.0}
 
 
 def test_vs_trl_learn_without_trl_says_how_to_install_it_and_refuses_timing_options(tmp_path):

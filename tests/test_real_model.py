@@ -322,3 +322,44 @@ def test_the_real_model_benchmark_measures_the_base_model(tiny_gguf, tmp_path, c
     assert figures["accuracy"] == 0.0 and 0 <= figures["stated_share"] <= 1 and figures["tokens"] <= 3 * 2 * 4
     with pytest.raises(SystemExit):  # vapo.py's options belong to `step` only
         real_model_cpu.main(["base", "--gguf", path, "--no-bf16"])
+
+
+def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf, tmp_path):
+    """bench/vs_trl.py --learn --model, at toy size: TRL's GRPOTrainer on the run `python vapo.py` makes of the same
+    options (the GGUF, chain_sum's problems in the chat template, the generator's verifier), its records read by
+    bench/ablation.py's and common.py's readers as one of our runs. TRL is a benchmark dependency that CI does not
+    install: skipped where it is missing (python3 -m venv .venv-trl, bench/vs_trl.py's docstring)."""
+    pytest.importorskip("trl")
+    pytest.importorskip("reasoning_gym")
+    path, _ = tiny_gguf
+    out = tmp_path / "trl"
+    proc = subprocess.run(
+        [sys.executable, "bench/vs_trl.py", "--learn", "--model", path, "--dataset", CHAIN_SUM, "--template", "chat",
+         "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2", "--mini-batch-size", "2",
+         "--micro-batch-size", "1", "--max-new-tokens", "8", "--eval-prompts", "2", "--eval-samples", "2",
+         "--eval-every", "1", "--no-bf16", "--no-gradient-checkpointing", "--device", "cpu", "--reward-workers", "1",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    evals = [r for r in records if "eval/acc_greedy" in r]
+    steps = [r for r in records if "samples_generated" in r]
+    assert [e["step"] for e in evals] == [0, 1, 2] and [e["samples_generated_total"] for e in evals] == [0, 4, 8]
+    assert all({"eval/acc_avg@2_se", "eval/acc_greedy_se", "eval/pass@2"} <= e.keys() for e in evals)
+    assert [r["samples_generated"] for r in steps] == [4, 4] and all(0 < r["response_len"] <= 8 for r in steps)
+    for r in steps:  # the rollout's time, split into vapo.py's phases
+        phases = [r[f"time/{p}"] for p in ("rollout", "reward", "score", "update")]
+        assert all(p >= 0 for p in phases) and abs(sum(phases) - r["time/step"]) < 1e-6
+    clipped = [h["completions/clipped_ratio"] for h in json.load(open(out / "trl_log_history.json"))
+               if "completions/clipped_ratio" in h]
+    assert clipped == [r["truncated_frac"] for r in steps]  # TRL stops at the tokens our engine stops at
+    settings = json.load(open(out / "config.json"))
+    assert settings["vapo_args"][:4] == ["--model", path, "--dataset", CHAIN_SUM] and settings["steps"] == 2
+    assert settings["vapo_config"]["template"] == "chat" and settings["grpo_config"]["loss_type"] == "dapo"
+    learn = json.load(open(out / "learn.json"))
+    assert learn["times"]["samples"] == 8 and learn["times"]["s_per_sample"] > 0
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    import common
+    assert common.finished(str(out)) and common.summarise_run(str(out))["k"] == "avg@2"
+    assert [e["samples"] for e in ablation.run_figures(str(out))["eval_curve"]] == [0, 4, 8]
