@@ -195,17 +195,36 @@ def run_figures(run_dir: str) -> dict:
 def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
     """What the run's final models do, computed once and cached in run_dir/diagnostics.json: {"critic": its
     critic judged on the fixed responses (judge_critic; None for a run without a critic: GRPO, DAPO), "policy":
-    its policy's step errors on `problems` held-out problems (judge_policy)}."""
+    its policy's step errors on `problems` held-out problems (judge_policy), "pass_again": pass@k of a run
+    made before it was logged (pass_again)}."""
     cache = os.path.join(run_dir, "diagnostics.json")
     if os.path.exists(cache):
-        return common.read_json(cache)
+        figures = common.read_json(cache)
+        if "pass_again" not in figures:  # cached before pass_again was
+            figures["pass_again"] = pass_again(run_dir)
+            common.write_json(cache, figures)
+        return figures
     cfg = common.read_json(os.path.join(run_dir, "config.json"))
     critic = os.path.join(run_dir, "checkpoint", "critic")
     has_critic = os.path.exists(os.path.join(critic, "config.json"))
     figures = {"critic": judge_critic(critic, responses, cfg) if has_critic else None,
-               "policy": judge_policy(os.path.join(run_dir, "checkpoint", "policy"), problems or POLICY_PROBLEMS)}
+               "policy": judge_policy(os.path.join(run_dir, "checkpoint", "policy"), problems or POLICY_PROBLEMS),
+               "pass_again": pass_again(run_dir)}
     common.write_json(cache, figures)
     return figures
+
+
+def pass_again(run_dir: str) -> dict | None:
+    """For a run made before pass@k was logged: its final evaluation made again (common.evaluate_again), with
+    pass@k, kept only if the avg@k and greedy accuracy it logged come out the same (the same responses); else
+    None (also for a run that logged pass@k itself)."""
+    last = [r for r in common.read_records(run_dir) if "eval/acc_greedy" in r][-1]
+    k = common.sampled_measure(last)
+    if f"eval/pass@{k[4:]}" in last or not os.path.exists(os.path.join(run_dir, "checkpoint", "policy")):
+        return None
+    again = common.evaluate_again(run_dir)
+    same = all(abs(again[key] - last[key]) < 1e-9 for key in (f"eval/acc_{k}", "eval/acc_greedy"))
+    return {"pass_final": again.get(f"eval/pass@{k[4:]}"), "same_responses": same} if same else None
 
 
 def judge_critic(folder: str, responses, cfg: dict) -> dict:
@@ -243,6 +262,10 @@ def summarise(row: str, paper: float, run_dirs: list[str], responses=None, probl
     figures = {d: run_figures(d) for d, _ in done}
     final = {d: final_figures(d, responses, problems) for d, _ in done} if responses is not None else {}
     critics = {d: f["critic"] for d, f in final.items()}
+    for d, s in done:  # a run from before pass@k was logged: its final evaluation made again (pass_again)
+        again = final.get(d, {}).get("pass_again")
+        if s["pass_final"] != s["pass_final"] and again:
+            s["pass_final"] = again["pass_final"]
     out["per_seed"] = [{"run": os.path.basename(d), **s, "greedy_auc": auc(d), "avg_auc": auc(d, 1), **figures[d],
                         "critic_after_rl": critics.get(d), "policy_after_rl": final.get(d, {}).get("policy")}
                        for d, s in done]

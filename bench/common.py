@@ -160,6 +160,22 @@ def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
     return wall
 
 
+def evaluate_again(run_dir: str) -> dict:
+    """The final held-out evaluation of a finished run, made again from its checkpoint's policy with the run's own
+    options: vapo.evaluate samples from a fixed seed (config.STREAMS["evaluation"]), so on the same machine and
+    versions it draws the same responses, and a figure logged only by later versions (pass@k) can be read off a
+    run made before it. The caller checks that the figures the run did log come out the same."""
+    import vapo
+    from data import load_data
+    from engines import make_engine
+    from run import verifier_for
+    cfg = vapo.Config(**read_json(os.path.join(run_dir, "config.json")))
+    policy, tokenizer = load_policy(os.path.join(run_dir, "checkpoint", "policy"), dtype=torch.float32)
+    _, held_out = load_data(cfg, tokenizer)
+    engine = make_engine(cfg, policy, tokenizer, vapo.parallel)
+    return vapo.evaluate(engine, held_out, cfg, verifier_for(cfg))
+
+
 def mean_of(rows: list[dict], key: str, default=None):
     """The mean of rows' numbers under key (NaN and missing ones left out); default when there are none."""
     vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]

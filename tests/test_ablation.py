@@ -138,3 +138,29 @@ def test_every_run_gets_a_line_with_its_curve():
     lines = ablation.seed_table(rows, {"TRL": [("runs/trl-s1/", {"eval_curve": curve})]}).splitlines()
     assert lines[2] == "| VAPO (3) | 62.0 -> 64.1 | 19.5 -> 48.0 | 8.2 | 35.0 | 8.7 | 0.07 / 0.01 | 0.06 / 1.10 |"
     assert lines[3] == "| TRL (trl-s1) | 62.0 -> 64.1 | 19.5 -> 48.0 | | | | | |" and len(lines) == 4
+
+
+def test_pass_at_k_of_a_run_made_before_it_was_logged_is_read_off_its_checkpoint(tmp_path):
+    """A finished run whose final evaluation lacks pass@k (made before it was logged): its final evaluation made
+    again from the checkpoint draws the same responses (the evaluation's seed is fixed), so avg@k and greedy come
+    out as logged and pass@k is the one the run would have logged; a run whose logged figures do not come out the
+    same gets none."""
+    import vapo
+    from test_vapo import tiny_config
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    run_dir = vapo.train(tiny_config("builtin", tmp_path / "run", steps=2, save_every=2, eval_prompts=16,
+                                     max_new_tokens=64))  # the shipped demo model: some right, some wrong
+    path = os.path.join(run_dir, "metrics.jsonl")
+    records = [json.loads(line) for line in open(path)]
+    logged = records[-1]["eval/pass@2"]
+    assert 0 < records[-1]["eval/acc_avg@2"] < logged < 1  # a pass@k that is not avg@k
+    with open(path, "w") as fh:  # as a run made before pass@k was logged
+        fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("eval/pass@")}) + "\n"
+                      for r in records)
+    assert ablation.pass_again(run_dir) == {"pass_final": logged, "same_responses": True}
+    records[-1]["eval/acc_avg@2"] += 0.25  # a record that the checkpoint does not reproduce
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("eval/pass@")}) + "\n"
+                      for r in records)
+    assert ablation.pass_again(run_dir) is None
