@@ -426,13 +426,19 @@ FIFTHS = 5
 ABSOLUTE = (0, 10, 50, 100, 200, 300, 450)  # bins of token positions
 
 
+def held_out(prompts: int) -> list[dict]:
+    """The first `prompts` held-out long-chain problems, the rows sample_set's responses answer (row
+    rollout.prompt_index[b] is response b's problem)."""
+    return task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+
+
 def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 2, seed: int = 0):
     """The responses every critic is judged on: `samples` per held-out long-chain problem from `policy` at
     temperature 1 (a fixed seed). Returns (the policy model, rollout, rewards [B] of +1 / -1, decisive [B, T]
     bool: the tokens task.borrow_digits names)."""
     torch.manual_seed(seed)
     model, tokenizer = load_policy(folder_of(policy), dtype=torch.float32)
-    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    problems = held_out(prompts)
     engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=64)
     with torch.no_grad():
         rollout = engine.generate([p["prompt"] for p in problems], n=samples, seed=seed)
@@ -444,6 +450,17 @@ def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 
         for char in task.borrow_digits(rollout.texts[b]):  # the token whose text covers that character
             decisive[b, int((ends <= char).sum())] = True
     return model, rollout, rewards, decisive
+
+
+def fitted_exact(policy: str, prompts: int, samples: int, seed: int) -> task.ExactValues:
+    """task.ExactValues of `policy` (its V* and step-count floor), its rates counted on sample_set(policy, prompts,
+    samples, seed + 1): another sample set of the same policy than seed's, so that no response of seed's set is
+    judged by rates it helped measure."""
+    problems = held_out(prompts)
+    _, other, other_rewards, _ = sample_set(policy, prompts, samples, seed + 1)
+    exact = task.ExactValues()
+    exact.observe(other.texts, [problems[int(i)] for i in other.prompt_index], other_rewards)
+    return exact
 
 
 def token_ends(tokenizer, rollout, b: int) -> torch.Tensor:

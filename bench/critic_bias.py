@@ -35,7 +35,8 @@ import torch
 import common  # (puts the repository on the path)
 import builds
 import task
-from common import FIFTHS, bias_table, credit, folder_of, group_credit, sample_set, token_ends
+from common import (FIFTHS, bias_table, credit, fitted_exact, folder_of, group_credit, held_out, sample_set,
+                    token_ends)
 from gae import group_advantage
 from models import load_tokenizer, load_value_model, value_model_from_policy
 from rollout import score_rollout
@@ -48,7 +49,7 @@ def error_masks(rollout, tokenizer, prompts: int = 100) -> tuple[torch.Tensor, t
     state before the error is as good as the policy makes it); a group-normalised reward gives every one of them
     the response's negative advantage, pushing down the correct lookups and borrows that wrong responses share
     with right ones."""
-    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    problems = held_out(prompts)
     before = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
     at = torch.zeros_like(before)
     for b in range(rollout.B):
@@ -63,19 +64,16 @@ def error_masks(rollout, tokenizer, prompts: int = 100) -> tuple[torch.Tensor, t
 def error_kinds(rollout, prompts: int = 100) -> list[str | None]:
     """For common.sample_set's rollout: task.first_error_kind of each response (None when right): whether the
     first error a critic should see is a misread term (a lookup in the prompt) or the habit (a forgotten borrow)."""
-    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    problems = held_out(prompts)
     return [task.first_error_kind(rollout.texts[b], problems[int(rollout.prompt_index[b])]) for b in range(rollout.B)]
 
 
 def exact_values(policy: str, rollout, prompts: int, samples: int, seed: int, floor: bool = False) -> torch.Tensor:
     """[B, T] V* of rollout's states (task.ExactValues), its rates counted on another sample set of the same policy
-    (seed + 1), so that no response is judged by rates it helped measure; floor: the step-count floor instead,
-    fitted on that set."""
-    problems = task.make_dataset(prompts, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
-    _, other, other_rewards, _ = sample_set(policy, prompts, samples, seed + 1)
-    exact = task.ExactValues()
-    exact.observe(other.texts, [problems[int(i)] for i in other.prompt_index], other_rewards)
-    mine = [problems[int(i)] for i in rollout.prompt_index]
+    (seed + 1, common.fitted_exact), so that no response is judged by rates it helped measure; floor: the step-count
+    floor instead, fitted on that set."""
+    exact = fitted_exact(policy, prompts, samples, seed)
+    mine = [held_out(prompts)[int(i)] for i in rollout.prompt_index]
     return exact.floor_values(rollout, mine) if floor else exact.values(rollout, mine, load_tokenizer(folder_of(policy)))
 
 
