@@ -1,0 +1,772 @@
+"""The mechanism lab (issue 47): each of VAPO's techniques seen acting on the failure it was made for, in a controlled,
+labelled setup on the built-in task and its shipped models. docs/lab.md holds each experiment's failure, setup,
+signature, prediction (committed before any run) and what would falsify it; PREDICTIONS below are its thresholds.
+
+    python bench/lab.py value-pretraining [--seeds 0 1 2]   # a critic V* + a sloped bias: its advantages before RL
+    python bench/lab.py decoupled-gae [--seeds 0 1 2]       # critic-only fits from V* + bias, target lambda 0.95 vs 1
+    python bench/lab.py length-adaptive [--seeds 0 1 2]     # the lambda that best matches V*'s advantages, per band
+    python bench/lab.py value-pretraining-rl | clip-higher | token-level | group-sampling | nll [--seeds ...]
+                                                            # the RL experiments: print their vapo.py runs, run nothing
+
+Each analysis writes NAME.json (every seed's figures, and their mean and standard error over seeds) and NAME.png into
+--out (default runs/lab/NAME), and prints its verdict against the written prediction: confirmed / falsified / not
+separated (docs/lab.md, "Verdicts"). Smaller sizes than the written setup (--prompts, --batches ...) say so: a smoke
+run, not a result.
+
+The critics here are constructed references, labelled so: V* (task.ExactValues, the exact values of the sampling
+policy, fitted on another sample set of it) plus a bias b(t) = offset + slope * t / 100 of a known shape, or plus
+noise; where a critic must learn, V = V* + b + h with h a value network whose head starts at zero, trained by the
+trainer's own critic step (vapo.update) on the targets minus V* + b.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import statistics
+
+import torch
+
+import common  # (puts the repository on the path)
+import config
+import task
+import vapo
+from common import fitted_exact, folder_of, held_out, sample_set, token_ends
+from data import prompt_batch
+from engines import HFEngine
+from gae import gae, length_adaptive_lambda, terminal_rewards
+from losses import head_mask
+from models import load_tokenizer, load_value_model
+from rollout import score_rollout
+
+ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
+LENGTH_BANDS = ((1, 50), (50, 100), (100, 200), (200, 300), (300, 10_000))  # response length in tokens, [lo, hi)
+STEP_BANDS = ("1-10", "11-20", "21-30", "31-40")  # task.band_of(n_steps)
+FIFTHS = 5
+
+
+# --- the constructed critics ---------------------------------------------------------------------------------------
+def parse_bias(text: str) -> tuple[float, float]:
+    """"OFFSET:SLOPE" -> (offset, slope): b(t) = offset + slope * t / 100 (slope per 100 tokens)."""
+    offset, slope = text.split(":")
+    return float(offset), float(slope)
+
+
+def bias_values(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor:
+    """[B, T] b(t) = offset + slope * t / 100 on the real tokens (t = the token's index in its response), 0 under the
+    mask. mask: [B, T]."""
+    t = torch.arange(mask.shape[1], dtype=torch.float32)[None, :]  # [1, T]
+    return (offset + slope * t / 100) * mask
+
+
+def predicted_shift(lengths: torch.Tensor, T: int, offset: float, slope: float, lam) -> torch.Tensor:
+    """(A1) of docs/lab.md, in closed form: how much GAE(lambda) of V* + b exceeds GAE(lambda) of V*, token by token,
+
+        dA_t = (slope/100) (1 - lambda^d) / (1 - lambda) - lambda^d b(l - 1),    d = l - 1 - t
+
+    (at lambda = 1 the fraction is d, and dA_t = -b(t)). lengths [B], lam a float or [B]. Returns [B, T], 0 past each
+    response's end. Written from the algebra, not from gae(), so that the two check each other."""
+    B = lengths.shape[0]
+    lam = torch.as_tensor(lam, dtype=torch.float64).expand(B)[:, None]  # [B, 1]
+    length = lengths.to(torch.float64)[:, None]  # [B, 1]
+    t = torch.arange(T, dtype=torch.float64)[None, :]  # [1, T]
+    d = (length - 1 - t).clamp(min=0)  # [B, T]
+    power = lam ** d  # [B, T]
+    frac = torch.where(lam < 1, (1 - power) / (1 - lam).clamp(min=1e-12), d)  # sum_{k<d} lambda^k
+    last = offset + slope * (length - 1) / 100  # [B, 1], b(l - 1)
+    shift = slope / 100 * frac - power * last
+    return (shift * (t < length)).float()
+
+
+def noisy_values(star: torch.Tensor, mask: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
+    """[B, T] V* plus independent Gaussian noise of standard deviation sigma on every real token."""
+    g = torch.Generator().manual_seed(seed)
+    return (star + sigma * torch.randn(star.shape, generator=g)) * mask
+
+
+def zero_head(critic):
+    """The critic with its scalar head set to zero: V = 0 everywhere until it is trained (the h of V* + b + h)."""
+    torch.nn.init.zeros_(critic.score.weight)
+    if critic.score.bias is not None:
+        torch.nn.init.zeros_(critic.score.bias)
+    return critic
+
+
+# --- the responses, and the references -----------------------------------------------------------------------------
+def reference_set(policy: str, prompts: int, samples: int, seed: int) -> dict:
+    """The fixed batch the analyses judge: `samples` responses to each of `prompts` held-out problems of `policy`
+    (common.sample_set), V* and the step-count floor fitted on another set of the same size (common.fitted_exact)."""
+    _, rollout, rewards, _ = sample_set(policy, prompts, samples, seed)
+    exact = fitted_exact(policy, prompts, samples, seed)
+    problems = [held_out(prompts)[int(i)] for i in rollout.prompt_index]
+    tokenizer = load_tokenizer(folder_of(policy))
+    return {"rollout": rollout, "rewards": rewards, "problems": problems, "exact": exact, "tokenizer": tokenizer,
+            "star": exact.values(rollout, problems, tokenizer), "floor": exact.floor_values(rollout, problems)}
+
+
+def length_band(length: int) -> str:
+    lo, hi = next(b for b in LENGTH_BANDS if b[0] <= length < b[1])
+    return f"{lo}+" if hi > 1000 else f"{lo}-{hi - 1}"
+
+
+LENGTH_BAND_NAMES = [f"{lo}+" if hi > 1000 else f"{lo}-{hi - 1}" for lo, hi in LENGTH_BANDS]
+
+
+def band_masks(rollout, names=LENGTH_BAND_NAMES) -> dict[str, torch.Tensor]:
+    """{band: [B, T] bool}: the real tokens of the responses whose length falls in each band."""
+    bands = [length_band(int(n)) for n in rollout.lengths]
+    mask = rollout.response_mask.bool()
+    return {name: mask & torch.tensor([b == name for b in bands])[:, None] for name in names}
+
+
+def part_masks(mask: torch.Tensor, parts: int = FIFTHS) -> list[torch.Tensor]:
+    """[parts] of [B, T] bool: the real tokens in each fifth (tenth, ...) of their response, by relative position
+    t / l."""
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1)
+    rel = torch.arange(mask.shape[1])[None, :] / lengths  # [B, T]
+    return [mask.bool() & (rel >= k / parts) & (rel < (k + 1) / parts) for k in range(parts)]
+
+
+def lambdas(name: str, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] lambda of each response: "adaptive" (1 - 1 / (ALPHA l)) or a number."""
+    if name == "adaptive":
+        return length_adaptive_lambda(lengths, ALPHA)
+    return torch.full(lengths.shape, float(name))
+
+
+# --- 1. value pretraining: the arithmetic before RL ----------------------------------------------------------------
+VP_BIASES = ("0:-0.5", "0:-0.25", "-0.5:0.125", "0:0.5", "0.5:0", "0:0")
+VP_LAMBDAS = ("0.95", "1", "adaptive")
+MORE_TOKENS = 10  # "go on" at EOS: one more line (10 tokens) before an EOS
+TIE = 1e-6  # a biased gap within this of 0 is float noise (at lambda 1 the shifts cancel exactly), not a preference
+
+
+def line_starts(text: str, problem: dict) -> list[int]:
+    """Character offsets of the step lines' first characters that the response wrote while still on the correct chain
+    (task.solve), and 0: where it could have written its answer line instead."""
+    chain = task.solve(problem)
+    k = len(os.path.commonprefix([text, chain]))
+    starts = [0] + [i + 1 for i, ch in enumerate(text[:k]) if ch == "\n"]
+    return [i for i in starts if i < k and not chain[i:].startswith(task.ANSWER_PREFIX)]
+
+
+def decisions(ref: dict, offset: float, slope: float, lam_name: str) -> dict:
+    """The decisions a critic V* + b reverses (docs/lab.md, 1b), by step band: at each on-chain line start, stop (write
+    the answer line now: m tokens, then EOS) or go on; at each EOS, end or write MORE_TOKENS more. Returns
+    {"stop": {band: [reversed, counted]}, "eos": {band: [reversed, counted]}}."""
+    rollout, exact, tokenizer, rewards = ref["rollout"], ref["exact"], ref["tokenizer"], ref["rewards"]
+    lengths = rollout.lengths
+    lam = lambdas(lam_name, lengths)
+    shift = predicted_shift(lengths, rollout.T, offset, slope, lam)  # [B, T], the shift each token got
+    out = {"stop": {b: [0, 0] for b in STEP_BANDS}, "eos": {b: [0, 0] for b in STEP_BANDS}}
+    for b in range(rollout.B):
+        problem, text, n = ref["problems"][b], rollout.texts[b], int(lengths[b])
+        band = task.band_of(problem["n_steps"])
+        chain_values = exact.char_values(task.solve(problem), problem)  # V* along the correct chain
+        guess_value = exact.char_values(task.ANSWER_PREFIX[0], problem)[1]  # 2 P(right | guess) - 1
+        m = len(task.ANSWER_PREFIX) + len(problem["answer"]) + 1  # the answer line and its EOS
+        ends = token_ends(tokenizer, rollout, b)
+        for char in line_starts(text, problem):
+            t = int((ends <= char).sum())  # the token whose text covers that character
+            q_stop = guess_value if char == 0 else -1.0  # stopping mid-chain states a total that is not the answer
+            q_go = chain_values[char + 1]  # the chain's next character written right
+            if q_stop - q_go >= 0:  # the true values do not prefer going on (the guess on the longest problems, or
+                continue          # a chain worth -1 already): not counted
+            lam_stop = lambdas(lam_name, torch.tensor([t + m]))
+            d_stop = predicted_shift(torch.tensor([t + m]), t + m, offset, slope, lam_stop)[0, t]
+            out["stop"][band][1] += 1
+            out["stop"][band][0] += int(q_stop - q_go + d_stop - shift[b, t] > TIE)
+        if not rollout.truncated[b]:
+            lam_more = lambdas(lam_name, torch.tensor([n + MORE_TOKENS]))  # of the longer response
+            longer = torch.tensor([n + MORE_TOKENS])
+            d_more = predicted_shift(longer, n + MORE_TOKENS, offset, slope, lam_more)[0, n - 1]
+            out["eos"][band][1] += 1
+            out["eos"][band][0] += int(-1.0 - float(rewards[b]) + d_more - shift[b, n - 1] > TIE)
+    return out
+
+
+def value_pretraining(args, seed: int) -> dict:
+    """Part 1 of docs/lab.md's experiment 1: for each bias and lambda, the measured advantage shift (A(V* + b) - A(V*),
+    from gae) on the first tenth and at EOS against (A1)-(A2), the largest difference token by token, the shift by tenth
+    of the 300+-token responses, and the shares of decisions reversed."""
+    ref = reference_set(args.policy, args.prompts, args.samples, seed)
+    rollout, star, rewards = ref["rollout"], ref["star"], ref["rewards"]
+    mask = rollout.response_mask
+    terminal = terminal_rewards(rewards, mask)
+    first = head_mask(mask).bool()
+    eos = torch.zeros_like(first)
+    eos[torch.arange(rollout.B), rollout.lengths - 1] = True
+    long_rows = rollout.lengths >= 300
+    tenths = [long_rows[:, None] & m for m in part_masks(mask, 10)]
+    wrong = {band: [0, 0] for band in STEP_BANDS}
+    for b in range(rollout.B):
+        if not rollout.truncated[b]:
+            cell = wrong[task.band_of(ref["problems"][b]["n_steps"])]
+            cell[0] += int(rewards[b] < 0)
+            cell[1] += 1
+    out = {"responses": rollout.B, "mean_length": float(rollout.lengths.float().mean()),
+           "right": float((rewards > 0).float().mean()), "wrong_share_by_band": _shares(wrong),
+           "wrong_share": sum(c[0] for c in wrong.values()) / max(sum(c[1] for c in wrong.values()), 1), "cells": {}}
+    measures = {}
+    for bias in args.biases:
+        offset, slope = parse_bias(bias)
+        biased = star + bias_values(mask, offset, slope)
+        for lam_name in VP_LAMBDAS:
+            lam = lambdas(lam_name, rollout.lengths)
+            measured = gae(terminal, biased, mask, lam=lam)[0] - gae(terminal, star, mask, lam=lam)[0]  # [B, T]
+            predicted = predicted_shift(rollout.lengths, rollout.T, offset, slope, lam)
+            d = decisions(ref, offset, slope, lam_name)
+            cell = {"first_tenth": float(measured[first].mean()),
+                    "first_tenth_predicted": float(predicted[first].mean()),
+                    "eos": float(measured[eos].mean()), "eos_predicted": float(predicted[eos].mean()),
+                    "max_abs_difference": float((measured - predicted).abs().max()),
+                    "long_by_tenth": [float(measured[m].mean()) if m.any() else float("nan") for m in tenths],
+                    "stop_reversed": _shares(d["stop"]), "stop_counts": d["stop"],
+                    "eos_reversed": _shares(d["eos"]), "eos_counts": d["eos"]}
+            out["cells"][f"{bias} lambda {lam_name}"] = cell
+            key = f"{bias}|{lam_name}"
+            measures[f"{key}|max_abs_difference"] = cell["max_abs_difference"]
+            for band in STEP_BANDS:
+                measures[f"{key}|stop|{band}"] = cell["stop_reversed"][band]
+                measures[f"{key}|eos|{band}"] = cell["eos_reversed"][band]
+    for band in STEP_BANDS:
+        measures[f"wrong|{band}"] = out["wrong_share_by_band"][band]
+    out["measures"] = measures
+    return out
+
+
+def _shares(counts: dict) -> dict:
+    """{band: reversed / counted} (NaN where nothing was counted)."""
+    return {band: (r / n if n else float("nan")) for band, (r, n) in counts.items()}
+
+
+def draw_value_pretraining(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    first = results[0]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for i, bias in enumerate(first["biases"]):
+        for lam_name, style in (("0.95", "-"), ("1", ":")):
+            ys = _mean([r["cells"][f"{bias} lambda {lam_name}"]["long_by_tenth"] for r in results])
+            axes[0].plot(range(5, 100, 10), ys, style, color=f"C{i}", marker="o", ms=3,
+                         label=bias if lam_name == "0.95" else None)
+    axes[0].set_xlabel("position in the response (%), responses of 300+ tokens")
+    axes[0].set_ylabel("advantage shift A(V*+b) - A(V*)")
+    axes[0].set_title("solid: lambda 0.95, dotted: lambda 1 (= -b(t))", fontsize=9)
+    axes[0].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
+    for ax, lam_name in zip(axes[1:], ("0.95", "adaptive")):
+        width = 0.8 / len(first["biases"])
+        for i, bias in enumerate(first["biases"]):
+            ys = _mean([[r["cells"][f"{bias} lambda {lam_name}"]["stop_reversed"][b] for b in STEP_BANDS]
+                        for r in results])
+            ax.bar([j + i * width for j in range(len(STEP_BANDS))], ys, width, color=f"C{i}", label=bias)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(STEP_BANDS))], STEP_BANDS)
+        ax.set_xlabel("problem's steps")
+        ax.set_ylabel("share of on-chain line starts")
+        ax.set_title(f"stopping made to look better, lambda {lam_name}", fontsize=9)
+        ax.set_ylim(0, 1)
+    axes[2].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
+    fig.suptitle("constructed critics V* + b(t), b = offset + slope t/100, before any RL "
+                 f"({len(results)} seed(s))", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- 2. decoupled GAE: critic-only fits from a biased start -------------------------------------------------------
+def training_batches(policy: str, n: int, seed: int, prompts: int = 8, G: int = 8) -> list[dict]:
+    """n batches of `prompts` training-split problems x G samples of the frozen `policy` (value pretraining's shape: its
+    prompt stream of this seed), each {"rollout", "problems", "rewards"}."""
+    from models import load_policy
+    model, tokenizer = load_policy(folder_of(policy), dtype=torch.float32)
+    engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=prompts)
+    rows = task.make_dataset(20000, config.stream(seed, "builtin_rows"), task.LONG.min_steps, task.LONG.max_steps,
+                             split="train")
+    parts = []
+    for s in range(n):
+        batch = prompt_batch(rows, s, prompts, config.stream(seed, "pretrain_prompts"))
+        with torch.no_grad():
+            rollout = engine.generate([r["prompt"] for r in batch], n=G, seed=1000 * (seed + 1) + s)
+        problems = [batch[int(i)] for i in rollout.prompt_index]
+        rewards = torch.tensor([1.0 if task.is_correct(t, p["answer"]) else -1.0
+                                for t, p in zip(rollout.texts, problems)])
+        parts.append({"rollout": rollout, "problems": problems, "rewards": rewards})
+    return parts
+
+
+def critic_config() -> vapo.Config:
+    """--preset long's critic settings (lr 3e-4, critic mini-batches of 16, warmup, gradient clip)."""
+    return vapo.Config(**{**config.PRESETS["long"], "value_model": None}).validate()
+
+
+def fit_critic(critic, parts: list[dict], lam: float, base=None, checkpoints=(), judge=None) -> list[dict]:
+    """Critic-only updates: for each batch, V = h + base (base [B, T]: V* + b, or nothing), the targets GAE(lambda)
+    returns of V, and h stepped on them minus base by the trainer's own critic step (vapo.update, train_policy False).
+    judge(batches) is called at 0 and after each batch count in checkpoints; returns its records."""
+    cfg = critic_config()
+    optimizers = {"critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
+    records = [judge(0)] if judge is not None and 0 in checkpoints else []
+    for i, part in enumerate(parts):
+        rollout, mask = part["rollout"], part["rollout"].response_mask
+        h = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T]
+        offset = base(part) if base is not None else torch.zeros_like(h)
+        _, returns = gae(terminal_rewards(part["rewards"], mask), h + offset, mask, lam=lam)
+        vapo.update(None, critic, optimizers, rollout, {"values": h, "returns": returns - offset}, cfg,
+                    train_policy=False)
+        if judge is not None and i + 1 in checkpoints:
+            records.append(judge(i + 1))
+    return records
+
+
+def residual_table(residual: torch.Tensor, rollout) -> dict:
+    """{band: {"tokens": n, "by_fifth": [mean residual per fifth]}} over the real tokens of each length band."""
+    out = {}
+    for band, bm in band_masks(rollout).items():
+        cells = [residual[bm & f] for f in part_masks(rollout.response_mask)]
+        out[band] = {"tokens": int(bm.sum()), "by_fifth": [float(c.mean()) if c.numel() else float("nan")
+                                                           for c in cells]}
+    return out
+
+
+def decoupled_gae(args, seed: int) -> dict:
+    """docs/lab.md's experiment 2: from V = V* + b + h (h: the reward model's network, head zeroed), critic-only fits
+    with target lambda 0.95 and 1 on the same batches; the residual bias V - V* by fifth and length band on held-out
+    responses after each checkpoint, and the tabular arithmetic (A4) of one exact update beside it."""
+    torch.manual_seed(seed)
+    offset, slope = parse_bias(args.bias)
+    parts = training_batches(args.policy, args.batches, seed, args.batch_prompts, args.group)
+    tokenizer = load_tokenizer(folder_of(args.policy))
+    exact = task.ExactValues()  # V* of the frozen policy, fitted on the training batches
+    for part in parts:
+        exact.observe(part["rollout"].texts, part["problems"], part["rewards"])
+    for part in parts:
+        part["base"] = exact.values(part["rollout"], part["problems"], tokenizer) + bias_values(
+            part["rollout"].response_mask, offset, slope)
+    _, val, _, _ = sample_set(args.policy, args.prompts, args.samples, seed)  # held-out responses to judge on
+    val_bias = bias_values(val.response_mask, offset, slope)
+    checkpoints = tuple(sorted({0, *[c for c in args.checkpoints if c <= args.batches], args.batches}))
+    out = {"bias": args.bias, "batches": args.batches, "responses": val.B, "checkpoints": list(checkpoints), "fits": {}}
+    for lam in (0.95, 1.0):
+        torch.manual_seed(seed)
+        critic = zero_head(load_value_model(folder_of(args.critic), dtype=torch.float32))
+
+        def judge(batches):
+            h = score_rollout(None, critic, val, 16)["values"]
+            return {"batches": batches, "residual": residual_table(val_bias + h, val)}
+        out["fits"][f"{lam:g}"] = fit_critic(critic, parts, lam, base=lambda p: p["base"], checkpoints=checkpoints,
+                                             judge=judge)
+        lam_t = torch.full((val.B,), lam)
+        one_update = val_bias + predicted_shift(val.lengths, val.T, offset, slope, lam_t)  # (A4): b + (A1)
+        out.setdefault("tabular_one_update", {})[f"{lam:g}"] = residual_table(one_update, val)
+    measures = {}
+    for lam, records in out["fits"].items():
+        for band, cell in records[-1]["residual"].items():
+            for k, value in enumerate(cell["by_fifth"]):
+                measures[f"{lam}|{band}|{k}"] = value
+            measures[f"{lam}|{band}|tokens"] = cell["tokens"]
+    out["measures"] = measures
+    return out
+
+
+def draw_decoupled(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    first = results[0]
+    band = LENGTH_BAND_NAMES[-1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, lam in zip(axes, ("0.95", "1")):
+        for j, batches in enumerate(first["checkpoints"]):
+            ys = _mean([r["fits"][lam][j]["residual"][band]["by_fifth"] for r in results])
+            ax.plot(range(10, 100, 20), ys, marker="o", label=f"after {batches} batches")
+        ys = _mean([r["tabular_one_update"][lam][band]["by_fifth"] for r in results])
+        ax.plot(range(10, 100, 20), ys, "k--", label="a table, one exact update (A4)")
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.set_title(f"target lambda {lam}", fontsize=9)
+        ax.set_xlabel(f"position in the response (%), responses of {band} tokens")
+    axes[0].set_ylabel("residual bias V - V* (constructed critic)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"critic-only fits from V* + b, b = {first['bias']} (offset:slope per 100 tokens), "
+                 f"{len(results)} seed(s)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- 3. length-adaptive GAE: the lambda that best matches V*'s advantages ------------------------------------------
+HORIZONS = [10 ** (i / 10) for i in range(31)] + [math.inf]  # H = 1 / (1 - lambda): 1 (lambda 0) .. 1000, and lambda 1
+INF_LOG10 = 4.0  # log10 of the horizon recorded for lambda 1 (one step past the grid's 1000)
+LA_CRITICS = ("exact", "exact+bias:0.5:0", "exact+bias:-0.5:0.125", "exact+noise:0.1", "exact+noise:0.3", "floor",
+              "builtin-long-rm", "pretrained")
+
+
+def lam_of(horizon: float) -> float:
+    return 1.0 if math.isinf(horizon) else 1.0 - 1.0 / horizon
+
+
+def noise_horizon(sigma: float, v: float) -> float:
+    """The arithmetic's best horizon for V* + independent noise sigma where V*'s TD errors have variance v a token:
+    lambda / (1 - lambda)^2 = sigma^2 / v (docs/lab.md, experiment 3), solved for lambda; returns 1 / (1 - lambda)."""
+    if v <= 0:
+        return math.inf
+    x = sigma ** 2 / v
+    lam = ((2 * x + 1) - math.sqrt(4 * x + 1)) / (2 * x)
+    return 1.0 / (1.0 - lam)
+
+
+def best_lambda(values: torch.Tensor, star: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor,
+                bands: dict[str, torch.Tensor], horizons=HORIZONS) -> dict:
+    """Per band: the correlation over its tokens between GAE(lambda) of `values` and V*'s one-step TD error (the true
+    advantage of the action taken) for each horizon, and the best horizon. values, star, mask [B, T]; rewards [B];
+    bands {name: [B, T] bool}. Returns {band: {"curve": [corr per horizon], "best_horizon", "best_lambda"}}."""
+    terminal = terminal_rewards(rewards, mask)
+    delta = gae(terminal, star, mask, lam=0.0)[0]  # [B, T], V*'s advantages
+    curves = {band: [] for band in bands}
+    for horizon in horizons:
+        adv = gae(terminal, values, mask, lam=lam_of(horizon))[0]
+        for band, m in bands.items():
+            curves[band].append(_corr(adv[m], delta[m]))
+    out = {}
+    for band, curve in curves.items():
+        finite = [c if c == c else -2.0 for c in curve]
+        i = max(range(len(horizons)), key=lambda j: finite[j])
+        out[band] = {"curve": curve, "best_horizon": horizons[i], "best_lambda": lam_of(horizons[i])}
+    return out
+
+
+def _corr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    denom = (a.pow(2).sum() * b.pow(2).sum()).sqrt()
+    return float((a * b).sum() / denom) if a.numel() > 2 and denom > 0 else float("nan")
+
+
+def critic_values(name: str, ref: dict, args, seed: int) -> torch.Tensor:
+    """[B, T] the values of one of LA_CRITICS (or a critic folder) on the reference batch."""
+    rollout, star = ref["rollout"], ref["star"]
+    mask = rollout.response_mask
+    if name == "exact":
+        return star
+    if name.startswith("exact+bias:"):
+        return star + bias_values(mask, *parse_bias(name.removeprefix("exact+bias:")))
+    if name.startswith("exact+noise:"):
+        return noisy_values(star, mask, float(name.removeprefix("exact+noise:")), seed)
+    if name == "floor":
+        return ref["floor"]
+    if name == "pretrained":  # the reward model after value pretraining here: lambda 1, the preset's critic settings
+        critic = load_value_model(folder_of(args.critic), dtype=torch.float32)
+        fit_critic(critic, training_batches(args.policy, args.batches, seed, args.batch_prompts, args.group), 1.0)
+    else:
+        critic = load_value_model(folder_of(name), dtype=torch.float32)
+    return score_rollout(None, critic, rollout, 16)["values"]
+
+
+def length_adaptive(args, seed: int) -> dict:
+    """docs/lab.md's experiment 3: per critic and length band, the lambda whose advantages best match V*'s."""
+    torch.manual_seed(seed)
+    ref = reference_set(args.policy, args.prompts, args.samples, seed)
+    rollout, star, rewards = ref["rollout"], ref["star"], ref["rewards"]
+    mask = rollout.response_mask
+    bands = band_masks(rollout)
+    delta = gae(terminal_rewards(rewards, mask), star, mask, lam=0.0)[0]
+    out = {"responses": rollout.B, "horizons": [h if not math.isinf(h) else "inf" for h in HORIZONS], "bands": {},
+           "critics": {}}
+    for band, m in bands.items():
+        lengths = rollout.lengths[m.any(-1)].float()
+        out["bands"][band] = {"tokens": int(m.sum()), "responses": int(m.any(-1).sum()),
+                              "mean_length": float(lengths.mean()) if lengths.numel() else float("nan"),
+                              "v": float(delta[m].pow(2).mean()) if m.any() else float("nan")}
+    measures = {}
+    for name in args.critics:
+        fit = best_lambda(critic_values(name, ref, args, seed), star, rewards, mask, bands)
+        for band, cell in fit.items():
+            h, length = cell["best_horizon"], out["bands"][band]["mean_length"]
+            cell["alpha"] = h / length if length == length else float("nan")
+            if name.startswith("exact+noise:"):
+                cell["predicted_horizon"] = noise_horizon(float(name.split(":")[1]), out["bands"][band]["v"])
+            measures[f"{name}|{band}|lambda"] = cell["best_lambda"]
+            measures[f"{name}|{band}|log10_horizon"] = INF_LOG10 if math.isinf(h) else math.log10(h)
+            measures[f"{name}|{band}|corr_at_0"] = cell["curve"][0]
+            for k in ("best_horizon", "alpha", "predicted_horizon"):  # JSON has no infinity: lambda 1 is "inf"
+                if k in cell and math.isinf(cell[k]):
+                    cell[k] = "inf"
+        out["critics"][name] = fit
+    for band, cell in out["bands"].items():
+        measures[f"band|{band}|tokens"] = cell["tokens"]
+        measures[f"band|{band}|v"] = cell["v"]
+        measures[f"band|{band}|mean_length"] = cell["mean_length"]
+    out["measures"] = measures
+    return out
+
+
+def draw_length_adaptive(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    first = results[0]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lengths = [first["bands"][b]["mean_length"] for b in LENGTH_BAND_NAMES]
+    for name in first["critics"]:
+        ys = []
+        for band in LENGTH_BAND_NAMES:
+            hs = [r["critics"][name][band]["best_horizon"] for r in results]
+            ys.append(statistics.mean(10 ** INF_LOG10 if h == "inf" else h for h in hs))
+        ax.plot(lengths, ys, marker="o", label=name)
+    for alpha in (0.05, 0.5):
+        ax.plot(lengths, [max(alpha * n, 1) for n in lengths], "k--", lw=0.8)
+        ax.text(lengths[-1], alpha * lengths[-1], f" paper: H = {alpha} l", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("mean response length of the band (tokens)")
+    ax.set_ylabel("best horizon H = 1/(1 - lambda) (10^4: lambda 1)")
+    ax.set_title("the lambda whose advantages best match V*'s, per length band (constructed critics labelled "
+                 "exact+...)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- the written predictions: docs/lab.md's thresholds, judged on the mean and SE over seeds ------------------------
+def judge(stat, lo=None, hi=None) -> str:
+    """confirmed when mean is inside [lo, hi] by more than 2 SE, falsified when outside by more than 2 SE, else not
+    separated. stat: (mean, se); NaN: not measured."""
+    mean, se = stat
+    if mean != mean:
+        return "not measured"
+    lo = -math.inf if lo is None else lo
+    hi = math.inf if hi is None else hi
+    if lo <= mean - 2 * se and mean + 2 * se <= hi:
+        return "confirmed"
+    if mean + 2 * se < lo or mean - 2 * se > hi:
+        return "falsified"
+    return "not separated"
+
+
+def combine(verdicts: list[str]) -> str:
+    """All confirmed -> confirmed; any falsified -> falsified; else not separated."""
+    if "falsified" in verdicts:
+        return "falsified"
+    if verdicts and all(v == "confirmed" for v in verdicts):
+        return "confirmed"
+    return "not separated"
+
+
+VP_TABLE = {  # docs/lab.md experiment 1, prediction 3: (lo, hi) per step band of the share reversed at lambda 0.95
+    "0:-0.5": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
+    "0:-0.25": ((0, 0.05), (0, 0.1), (0, 0.5), (0.6, 1)),
+    "-0.5:0.125": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
+    "0:0.5": ((0, 0),) * 4, "0.5:0": ((0, 0),) * 4, "0:0": ((0, 0),) * 4}
+
+
+def verdicts_value_pretraining(s: dict) -> list[tuple[str, str]]:
+    out = []
+    diffs = [judge(v, hi=1e-4) for k, v in s.items() if k.endswith("max_abs_difference")]
+    out.append(("1. measured shifts = (A1)-(A2) within 1e-4, every bias and lambda", combine(diffs)))
+    ones = [judge(v, 0, 0) for k, v in s.items() if "|1|" in k and ("|stop|" in k or "|eos|" in k)]
+    out.append(("2. lambda 1 reverses no decision", combine(ones)))
+    for bias, ranges in VP_TABLE.items():
+        cells = [judge(s.get(f"{bias}|0.95|stop|{band}", (math.nan, 0)), lo, hi) for band, (lo, hi) in
+                 zip(STEP_BANDS, ranges)]
+        out.append((f"3. lambda 0.95, {bias}: stop reversed in the table's ranges", combine(cells)))
+        if bias in ("0:-0.5", "0:-0.25", "-0.5:0.125"):
+            more = [judge(_diff(s, f"{bias}|adaptive|stop|{band}", f"{bias}|0.95|stop|{band}"), lo=0)
+                    for band in STEP_BANDS[2:]]
+            out.append((f"3. adaptive lambda, {bias}: at least lambda 0.95's share at 21-40 steps", combine(more)))
+    for bias in ("0:0.5", "0.5:0"):
+        cells = [judge(_diff(s, f"{bias}|0.95|eos|{band}", f"wrong|{band}"), -0.02, 0.02) for band in STEP_BANDS]
+        out.append((f"4. lambda 0.95, {bias}: going on at EOS looks better on every wrong response, no right one",
+                    combine(cells)))
+    for bias in ("0:-0.5", "0:-0.25", "0:0"):
+        cells = [judge(s.get(f"{bias}|0.95|eos|{band}", (math.nan, 0)), 0, 0) for band in STEP_BANDS]
+        out.append((f"4. lambda 0.95, {bias}: going on at EOS never looks better", combine(cells)))
+    return out
+
+
+def verdicts_decoupled(s: dict, bias: str) -> list[tuple[str, str]]:
+    if bias != "0.5:0":
+        return [("no written prediction for this bias (docs/lab.md writes it for 0.5:0)", "not judged")]
+    long = LENGTH_BAND_NAMES[-1]
+    ones = [judge(s[f"1|{band}|{k}"], -0.1, 0.1) for band in LENGTH_BAND_NAMES for k in range(FIFTHS)
+            if s[f"1|{band}|tokens"][0] >= 500]
+    spread = [s[f"1|{long}|{k}"][0] for k in range(FIFTHS)]
+    ones.append("confirmed" if max(spread) - min(spread) <= 0.1 else "falsified")
+    return [("1. lambda 1: residual <= 0.1 in every fifth of every band of >= 500 tokens, fifths of 300+ within 0.1",
+             combine(ones)),
+            ("2. lambda 0.95: the first fifth of 300+-token responses keeps >= 0.25, more than lambda 1 there",
+             combine([judge(s[f"0.95|{long}|0"], lo=0.25), judge(_diff(s, f"0.95|{long}|0", f"1|{long}|0"), lo=0)])),
+            ("3. lambda 0.95: first fifth of 300+ above its last fifth by > 0.05",
+             judge(_diff(s, f"0.95|{long}|0", f"0.95|{long}|4"), lo=0.05))]
+
+
+def verdicts_length_adaptive(s: dict, critics) -> list[tuple[str, str]]:
+    bands = [b for b in LENGTH_BAND_NAMES if s.get(f"band|{b}|tokens", (0, 0))[0] >= 1000]
+    out = []
+    if "exact" in critics:
+        out.append(("1. exact: best lambda 0 and correlation 1 in every band",
+                    combine([judge(s[f"exact|{b}|lambda"], 0, 0) for b in bands]
+                            + [judge(s[f"exact|{b}|corr_at_0"], lo=0.999) for b in bands])))
+    for name in [c for c in critics if c.startswith("exact+bias:")]:
+        out.append((f"2. {name}: best lambda 0 in every band", combine([judge(s[f"{name}|{b}|lambda"], 0, 0)
+                                                                         for b in bands])))
+    for name in [c for c in critics if c.startswith("exact+noise:")]:
+        sigma = float(name.split(":")[1])
+        cells = []
+        for b in bands:
+            predicted = math.log10(noise_horizon(sigma, s[f"band|{b}|v"][0]))
+            cells.append(judge(s[f"{name}|{b}|log10_horizon"], predicted - math.log10(2), predicted + math.log10(2)))
+        if len(bands) >= 2:
+            cells.append(judge(_diff(s, f"{name}|{bands[-1]}|log10_horizon", f"{name}|{bands[0]}|log10_horizon"), lo=0))
+        out.append((f"3. {name}: best H within 2x of sigma-over-v's in every band, rising with length", combine(cells)))
+    for name in [c for c in critics if c in ("floor", "builtin-long-rm", "pretrained")]:
+        out.append((f"4. {name}: best lambda >= 0.98 in every band", combine([judge(s[f"{name}|{b}|lambda"], lo=0.98)
+                                                                              for b in bands])))
+    for name in [c for c in critics if c in ("builtin-long-rm", "pretrained")]:
+        if len(bands) < 2:
+            continue
+        alphas = [10 ** s[f"{name}|{b}|log10_horizon"][0] / s[f"band|{b}|mean_length"][0] for b in bands]
+        law = (s[f"{name}|{bands[0]}|lambda"][0] <= 0.9 and s[f"{name}|{bands[-1]}|lambda"][0] >= 0.98
+               and max(alphas) <= 2 * min(alphas))
+        out.append((f"5. the paper's law (one alpha, lambda rising with length) does not describe {name}",
+                    "falsified" if law else "confirmed"))
+    return out
+
+
+def _diff(s: dict, a: str, b: str) -> tuple[float, float]:
+    """(mean, se) of a - b, treating the two as independent (the conservative SE)."""
+    (ma, sa), (mb, sb) = s.get(a, (math.nan, 0)), s.get(b, (math.nan, 0))
+    return ma - mb, math.hypot(sa, sb)
+
+
+def summarise(per_seed: list[dict]) -> dict[str, tuple[float, float]]:
+    """{measure: (mean, standard error over seeds)} of the seeds' "measures" (NaN ones left out; SE 0 for one)."""
+    out = {}
+    for key in per_seed[0]["measures"]:
+        vals = [r["measures"][key] for r in per_seed if r["measures"].get(key) == r["measures"].get(key)]
+        if not vals:
+            out[key] = (math.nan, 0.0)
+            continue
+        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
+        out[key] = (statistics.mean(vals), se)
+    return out
+
+
+# --- the RL experiments: the runs they will make (nothing is run or claimed here) ----------------------------------
+def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> list[tuple[str, list[str]]]:
+    """(label, vapo.py options) of each run of an RL experiment of docs/lab.md, per seed. Sizes are the page's
+    (about 10 minutes a seed, to be timed). value-pretraining-rl's runs need --critic-offset, a trainer hook that
+    vapo.py does not have yet (docs/lab.md, experiment 1, part 2)."""
+    long_eval = ["--eval-prompts", "200", "--eval-sampled-prompts", "100", "--eval-samples", "2"]
+    arms = {
+        "value-pretraining-rl": [
+            ("slope -0.5, no value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5"]),
+            ("slope -0.5, value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5",
+                                               "--value-pretraining", "--value-pretrain-steps", "20"]),
+            ("V* alone (control)", ["--algo", "ppo", "--critic-offset", "exact:0:0"])],
+        "clip-higher": [(f"eps_high {e}", ["--algo", "grpo", "--clip-higher", "--eps-high", e])
+                        for e in ("0.2", "0.28", "0.4")],
+        "token-level": [("per-sample loss", ["--algo", "grpo", "--no-token-level-loss"]),
+                        ("token-level loss", ["--algo", "grpo", "--token-level-loss"])],
+        "group-sampling": [(f"GRPO {p} prompts x {g}", ["--algo", "grpo", "--prompts-per-step", p,
+                                                         "--samples-per-prompt", g])
+                           for p, g in (("32", "2"), ("8", "8"), ("2", "32"))],
+        "nll": [("GRPO", ["--algo", "grpo"]), ("GRPO + NLL mu 3", ["--algo", "grpo", "--positive-nll", "--mu", "3"])],
+    }
+    extensions = {"group-sampling": [("VAPO 8 prompts x 8", []), ("VAPO 64 prompts x 1", ["--no-group-sampling"])],
+                  "nll": [("GRPO + NLL mu 0.1", ["--algo", "grpo", "--positive-nll", "--mu", "0.1"])],
+                  "value-pretraining-rl": [("slope +0.5, no value pretraining",
+                                            ["--algo", "ppo", "--critic-offset", "exact:0:0.5"])]}
+    common_args = {"clip-higher": ["--preset", "demo", "--mini-batch-size", "8", "--micro-batch-size", "8", "--steps",
+                                   "12", "--eval-every", "6", "--eval-prompts", "100", "--eval-samples", "4"],
+                   "value-pretraining-rl": ["--preset", "long", "--steps", "12", *long_eval]}
+    runs = []
+    for seed in seeds:
+        for label, options in arms[name] + (extensions.get(name, []) if extension else []):
+            folder = os.path.join(out, "-".join("".join(c if c.isalnum() or c == "." else " " for c in label.lower())
+                                                .split()) + f"-s{seed}")
+            base = common_args.get(name, ["--preset", "long", "--steps", "16", *long_eval])
+            runs.append((f"{label}, seed {seed}", [*base, *options, "--seed", str(seed), "--output-dir", folder]))
+    return runs
+
+
+def print_rl_runs(name: str, seeds: list[int], out: str, extension: bool) -> list[tuple[str, list[str]]]:
+    runs = rl_runs(name, seeds, out, extension)
+    print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result.")
+    if name == "value-pretraining-rl":
+        print("  needs the trainer hook --critic-offset exact:OFFSET:SLOPE (docs/lab.md, experiment 1, part 2), which "
+              "vapo.py does not have yet: these commands fail until it is added.")
+    for label, options in runs:
+        print(f"  # {label}\n  python vapo.py {shlex.join(options)}")
+    print("results: not run yet (docs/lab.md)")
+    return runs
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+ANALYSES = {"value-pretraining": (value_pretraining, draw_value_pretraining),
+            "decoupled-gae": (decoupled_gae, draw_decoupled),
+            "length-adaptive": (length_adaptive, draw_length_adaptive)}
+RL = ("value-pretraining-rl", "clip-higher", "token-level", "group-sampling", "nll")
+FULL = dict(prompts=100, samples=2, batches=20, batch_prompts=8, group=8)  # the written setup's sizes
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", choices=(*ANALYSES, *RL))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--out", default=None, help="default runs/lab/NAME")
+    ap.add_argument("--policy", default="builtin-long")
+    ap.add_argument("--critic", default="builtin-long-rm", help="the network of h (decoupled-gae) and of 'pretrained'")
+    ap.add_argument("--prompts", type=int, default=FULL["prompts"], help="held-out problems of the judged batch")
+    ap.add_argument("--samples", type=int, default=FULL["samples"], help="samples per held-out problem")
+    ap.add_argument("--batches", type=int, default=FULL["batches"], help="training batches of the critic fits")
+    ap.add_argument("--batch-prompts", type=int, default=FULL["batch_prompts"])
+    ap.add_argument("--group", type=int, default=FULL["group"], help="samples per prompt of a training batch")
+    ap.add_argument("--checkpoints", type=int, nargs="+", default=[5, 10, 20], help="decoupled-gae: batches judged")
+    ap.add_argument("--biases", nargs="+", default=list(VP_BIASES), help="value-pretraining: OFFSET:SLOPE ...")
+    ap.add_argument("--bias", default="0.5:0", help="decoupled-gae: OFFSET:SLOPE")
+    ap.add_argument("--critics", nargs="+", default=list(LA_CRITICS), help="length-adaptive")
+    ap.add_argument("--extension", action="store_true", help="RL experiments: also the page's extension arms")
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(common.ROOT, "runs", "lab", args.name)
+    if args.name in RL:
+        return print_rl_runs(args.name, args.seeds, out, args.extension)
+    torch.set_num_threads(1)
+    run, draw = ANALYSES[args.name]
+    smaller = [k for k, v in FULL.items() if getattr(args, k) < v]
+    print(f"{common.now()}, {common.machine()}: lab {args.name}, seeds {args.seeds}", flush=True)
+    results = []
+    for seed in args.seeds:
+        result = run(args, seed)
+        result.update(seed=seed, biases=args.biases)
+        results.append(result)
+        common.write_json(os.path.join(out, f"{args.name}-s{seed}.json"), result)
+        print(f"  seed {seed} done", flush=True)
+    stats = summarise(results)
+    if args.name == "value-pretraining":
+        verdicts = verdicts_value_pretraining(stats)
+    elif args.name == "decoupled-gae":
+        verdicts = verdicts_decoupled(stats, args.bias)
+    else:
+        verdicts = verdicts_length_adaptive(stats, args.critics)
+    note = (f"smaller than the written setup ({', '.join(smaller)}): a smoke run, not a result" if smaller else
+            "one seed: no standard error" if len(args.seeds) < 2 else "")
+    summary = {"name": args.name, "date": common.now(), "machine": common.machine(), "seeds": args.seeds,
+               "sizes": {k: getattr(args, k) for k in FULL}, "note": note,
+               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
+    common.write_json(os.path.join(out, f"{args.name}.json"), summary)
+    draw(results, os.path.join(out, f"{args.name}.png"))
+    print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")
+    for text, verdict in verdicts:
+        print(f"  {verdict:>14}  {text}")
+    print(f"figures and records: {out}")
+    return summary
+
+
+def _mean(rows: list[list[float]]) -> list[float]:
+    return [statistics.mean(col) if all(c == c for c in col) else float("nan") for col in zip(*rows)]
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+if __name__ == "__main__":
+    main()
