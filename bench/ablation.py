@@ -360,12 +360,19 @@ def imitation_table(rows: list[dict]) -> str:
                                    if "reward_mean" in x and "value_pretrain_step" not in x)
                                for p in r.get("per_seed", [])]) if r.get("dir") else None
 
-    lines = ["| row | seeds | pass@k final | avg@k final | greedy final | updates | samples | NLL weight | "
-             "entropy, last 5 | critic EV during RL | step-count floor |", "|---|" + "---|" * 10]
+    def setup(r):  # what the row trains with, from its first run's config.json
+        c = common.read_json(os.path.join(r["dir"], r["per_seed"][0]["run"], "config.json"))
+        return ", ".join([("GRPO's group advantage" if c["group_advantage"] else "a critic"),
+                          ("token-level" if c["token_level_loss"] else "per-sample") + " loss",
+                          f"NLL mu {c['mu']:g}" if c["positive_nll"] else "no NLL"]
+                         + ([] if c.get("policy_gradient", True) else ["no policy gradient"]))
+
+    lines = ["| row | trains with | seeds | pass@k final | avg@k final | greedy final | updates | samples | "
+             "NLL weight | entropy, last 5 | critic EV during RL | step-count floor |", "|---|" + "---|" * 11]
     for r in rows:
         if "avg_final" not in r:
             continue
-        lines.append(f"| {r['row']} | {r['seeds']} | {pm(seeds(r, 'pass_final'))} | {pm(r['avg_final'])} | "
+        lines.append(f"| {r['row']} | {setup(r)} | {r['seeds']} | {pm(seeds(r, 'pass_final'))} | {pm(r['avg_final'])} | "
                      f"{pm(r['greedy_final'])} | {pm(updates(r), 1, '.0f')} | {r['samples']:.0f} | "
                      f"{pm(seeds(r, 'nll_weight'), 1, '.1f')} | {pm(r['diagnostics']['entropy_last5'], 1, '.3f')} | "
                      f"{pm(seeds(r, 'ev'), 1, '.2f')} | {pm(seeds(r, 'ev_floor'), 1, '.2f')} |")
