@@ -362,21 +362,34 @@ def imitation_table(rows: list[dict]) -> str:
 
     def setup(r):  # what the row trains with, from its first run's config.json
         c = common.read_json(os.path.join(r["dir"], r["per_seed"][0]["run"], "config.json"))
+        if not c.get("policy_gradient", True):
+            return f"NLL mu {c['mu']:g} alone: no policy gradient, no critic"
         return ", ".join([("GRPO's group advantage" if c["group_advantage"] else "a critic"),
                           ("token-level" if c["token_level_loss"] else "per-sample") + " loss",
                           f"NLL mu {c['mu']:g}" if c["positive_nll"] else "no NLL"]
                          + ([] if c.get("policy_gradient", True) else ["no policy gradient"]))
 
+    def bootstrapped(r):  # a critic whose targets are GAE returns with lambda < 1: they hold its own values
+        c = common.read_json(os.path.join(r["dir"], r["per_seed"][0]["run"], "config.json"))
+        return not c["group_advantage"] and (c["lam_critic"] if c["decoupled_gae"] else 0.0) < 1
+
     lines = ["| row | trains with | seeds | pass@k final | avg@k final | greedy final | updates | samples | "
-             "NLL weight | entropy, last 5 | critic EV during RL | step-count floor |", "|---|" + "---|" * 11]
+             "NLL weight | entropy, last 5 | critic EV of its target during RL | step-count floor | critic's EV of "
+             "V\\* |", "|---|" + "---|" * 12]
     for r in rows:
         if "avg_final" not in r:
             continue
+        mark = " (b)" if bootstrapped(r) else ""
         lines.append(f"| {r['row']} | {setup(r)} | {r['seeds']} | {pm(seeds(r, 'pass_final'))} | {pm(r['avg_final'])} | "
                      f"{pm(r['greedy_final'])} | {pm(updates(r), 1, '.0f')} | {r['samples']:.0f} | "
                      f"{pm(seeds(r, 'nll_weight'), 1, '.1f')} | {pm(r['diagnostics']['entropy_last5'], 1, '.3f')} | "
-                     f"{pm(seeds(r, 'ev'), 1, '.2f')} | {pm(seeds(r, 'ev_floor'), 1, '.2f')} |")
-    return "\n".join(lines)
+                     f"{pm(seeds(r, 'ev'), 1, '.2f')}{mark} | {pm(seeds(r, 'ev_floor'), 1, '.2f')}{mark} | "
+                     f"{pm(seeds(r, 'ev_critic_exact'), 1, '.2f')} |")
+    if not any(bootstrapped(r) for r in rows if "avg_final" in r):
+        return "\n".join(lines)
+    return "\n".join(lines) + ("\n\n(b): the critic's targets are GAE returns at lambda < 1 (PPO's 0.95), which hold "
+                               "its own values: its EV and the floor's are against those targets, not the return; "
+                               "the share of V\\*'s variance it explains compares every critic alike.")
 
 
 DIAGNOSTICS = [  # (key, header, scale, format)
@@ -682,8 +695,11 @@ def main():
                    f"wrong:\n\n"
                    f"{policy_table(rows, base_policy)}\n")
     report += f"\nevery run:\n\n{seed_table(rows, {'TRL GRPOTrainer': list(zip(trl_dirs, trl))})}\n"
-    report += (f"\ntime to learn (wall seconds to the first evaluation that gained as much held-out {k_of(rows)} "
-               f"over the base):\n\n{time_to_learn(rows, {'TRL GRPOTrainer': trl})}\n")
+    if any(len(p["eval_curve"]) > 2 for r in rows for p in r.get("per_seed", [])):  # not with --evaluations 1
+        report += (f"\ntime to learn (wall seconds to the first evaluation that gained as much held-out {k_of(rows)} "
+                   f"over the base):\n\n{time_to_learn(rows, {'TRL GRPOTrainer': trl})}\n")
+    else:
+        report += "\n(no time to learn: one evaluation after the start, at the end of each run)\n"
     if views:
         report += f"\none probe response under VAPO, PPO and GRPO, side by side: {views}\n"
     print("\n" + report)

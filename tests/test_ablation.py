@@ -109,7 +109,7 @@ def test_the_controls_that_tell_vapo_from_self_imitation_run(tmp_path):
     report = (out / "ablation.md").read_text()
     table = report.split("VAPO or self-imitation?")[1].split("\n\n")[1]
     assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == ["VAPO", *ablation.CONTROLS]
-    assert "no policy gradient" in table and "NLL mu 3" not in table  # the demo preset: mu 0.1
+    assert "NLL mu 0.1 alone: no policy gradient" in table and "NLL mu 3" not in table  # the demo preset: mu 0.1
 
 
 def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():
