@@ -36,9 +36,9 @@ def test_the_ablations_run_in_the_demo_regime(tmp_path):
     assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
     alone = json.load(open(out / "w-o-value-pretraining-s0" / "config.json"))
     assert not alone["value_pretraining"] and "critic_pretrained" not in str(alone["value_model"])
-    # four tables (results, diagnostics, every run, time to learn), each a header, a separator and the 7 rows (one
-    # seed each: the table of every run has a line per row too)
-    assert (out / "ablation.md").read_text().count("\n|") == 4 * (2 + 7) and (out / "ablation.png").exists()
+    # five tables (results, diagnostics, VAPO or self-imitation, every run, time to learn), each a header, a
+    # separator and the 7 rows (one seed each: the table of every run has a line per row too)
+    assert (out / "ablation.md").read_text().count("\n|") == 5 * (2 + 7) and (out / "ablation.png").exists()
     assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None
 
 
