@@ -89,6 +89,11 @@ SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Highe
                  "w/o Positive Example LM Loss", "w/o Group-Sampling", "VAPO mu 0.1"}
 EQUAL_UPDATES = {"DAPO equal updates"}  # the budget in steps, not in samples: --max-samples left off
 CONTROLS = [r for r, paper, _ in ROWS if paper == "-"]
+# Each algorithm's own actor learning rate, where its sweep on the validation split (bench/long_study.py --tier 5:
+# 5e-6, 1.5e-5 and 5e-5, one seed each, the best mean of validation greedy and avg@2) picked another than the
+# preset's; every row that modifies an algorithm (FAMILY) runs at that algorithm's rate, and its run folders say so.
+ACTOR_LR = {"demo": {}, "long": {"PPO": "5e-6"}}
+FAMILY = {"PPO + NLL": "PPO", "GRPO token-level": "GRPO", "GRPO + NLL": "GRPO", "DAPO equal updates": "DAPO"}
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse
 GAINS = (0.05, 0.10, 0.20)  # held-out avg@k gains (fractions) whose wall time to reach is reported
 
@@ -98,16 +103,31 @@ def slug(row: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in row.lower()).split())
 
 
+def actor_lr(row: str, preset: str) -> str | None:
+    """The actor lr of row's algorithm family when its own sweep picked another than the preset's (ACTOR_LR)."""
+    return ACTOR_LR[preset].get(FAMILY.get(row, row))
+
+
+def run_folder(out: str, row: str, seed: int, preset: str) -> str:
+    """One run's folder: the row's slug, its actor lr when that is not the preset's ("ppo-lr5e-6-s0"), the seed."""
+    lr = actor_lr(row, preset)
+    return os.path.join(out, f"{slug(row)}{f'-lr{lr}' if lr else ''}-s{seed}")
+
+
 def row_args(row: str, options: list[str], seed: int, out: str, sweep_args: list[str]) -> list[str]:
     """The vapo.py options of one run: the seed, its folder, the sweep's common options (the preset first), the
-    row's own switches, and for the rows that share it VAPO's pretrained critic of the same seed."""
+    row's own switches (its algorithm's actor lr, ACTOR_LR), and for the rows that share it VAPO's pretrained
+    critic of the same seed."""
     if row in EQUAL_UPDATES:  # the preset's number of updates, whatever the samples they take
         i = sweep_args.index("--max-samples")
         sweep_args = sweep_args[:i] + sweep_args[i + 2:]
-    args = ["--seed", str(seed), "--output-dir", os.path.join(out, f"{slug(row)}-s{seed}"), *sweep_args,
-            *options]
+    preset = sweep_args[sweep_args.index("--preset") + 1]
+    lr = actor_lr(row, preset)
+    args = ["--seed", str(seed), "--output-dir", run_folder(out, row, seed, preset), *sweep_args, *options,
+            *(["--actor-lr", lr] if lr else [])]
     if row in SHARES_CRITIC:
-        args += ["--value-model", os.path.join(out, f"vapo-s{seed}", "critic_pretrained"), "--no-value-pretraining"]
+        args += ["--value-model", os.path.join(run_folder(out, "VAPO", seed, preset), "critic_pretrained"),
+                 "--no-value-pretraining"]
     return args
 
 
@@ -118,7 +138,7 @@ def run_row(job) -> float | None:
     args = row_args(row, options, seed, out, sweep_args)
     run_dir = args[args.index("--output-dir") + 1]
     if row in SHARES_CRITIC:  # wait for VAPO's run of this seed to have pretrained the critic (or to have ended)
-        vapo_dir = os.path.join(out, f"vapo-s{seed}")
+        vapo_dir = run_folder(out, "VAPO", seed, sweep_args[sweep_args.index("--preset") + 1])
         while not (os.path.exists(os.path.join(vapo_dir, "critic_pretrained", "config.json"))
                    or os.path.exists(os.path.join(vapo_dir, "wall_seconds"))):
             time.sleep(5)
@@ -363,10 +383,10 @@ def imitation_table(rows: list[dict]) -> str:
     def setup(r):  # what the row trains with, from its first run's config.json
         c = common.read_json(os.path.join(r["dir"], r["per_seed"][0]["run"], "config.json"))
         if not c.get("policy_gradient", True):
-            return f"NLL mu {c['mu']:g} alone: no policy gradient, no critic"
+            return f"NLL mu {c['mu']:g} alone: no policy gradient, no critic, actor lr {c['actor_lr']:g}"
         return ", ".join([("GRPO's group advantage" if c["group_advantage"] else "a critic"),
                           ("token-level" if c["token_level_loss"] else "per-sample") + " loss",
-                          f"NLL mu {c['mu']:g}" if c["positive_nll"] else "no NLL"]
+                          f"NLL mu {c['mu']:g}" if c["positive_nll"] else "no NLL", f"actor lr {c['actor_lr']:g}"]
                          + ([] if c.get("policy_gradient", True) else ["no policy gradient"]))
 
     def bootstrapped(r):  # a critic whose targets are GAE returns with lambda < 1: they hold its own values
@@ -531,14 +551,14 @@ def plot(rows: list[dict], out: str, others: dict[str, list[dict]] | None = None
 VIEWS = (("VAPO", "adv_adaptive"), ("PPO", "adv_0.95"), ("GRPO", "adv_group"))  # the rows drawn side by side
 
 
-def views_side_by_side(folder: str, seed: int, out: str) -> str | None:
+def views_side_by_side(folder: str, seed: int, out: str, preset: str) -> str | None:
     """One probe response (the longest wrong one recorded) at the last evaluation of VAPO, PPO and GRPO of one
     seed, side by side (plots.compare_figure), the decisive tokens (task.borrow_digits) marked; each run with its
     own advantage. The runs share their probes: sampled from the same base model with the seed's probe seed.
     None (nothing drawn) unless all three runs have their views."""
     columns = []
     for row, adv in VIEWS:
-        records = plots.read_tokens(os.path.join(folder, f"{slug(row)}-s{seed}"))
+        records = plots.read_tokens(run_folder(folder, row, seed, preset))
         if not records:
             return None
         columns.append((row, records[-1], adv))
@@ -660,7 +680,7 @@ def main():
         start = {"reward model (PPO's and w/o Value-Pretraining's start)": judge_critic(
             common.folder_of("builtin-long-rm"), responses, {})}
         for s in args.seeds:
-            folder = os.path.join(args.out, f"vapo-s{s}", "critic_pretrained")
+            folder = os.path.join(run_folder(args.out, "VAPO", s, args.preset), "critic_pretrained")
             if os.path.exists(os.path.join(folder, "config.json")):
                 start[f"after value pretraining (VAPO seed {s})"] = judge_critic(folder, responses, {})
         mask = responses[1].response_mask
@@ -670,16 +690,16 @@ def main():
                       f"on them")
     seeds_of = {r: sorted({s for rr, s in order if rr == r}) for r, _, _ in chosen}
     if args.report:
-        done = {r: sum(common.finished(os.path.join(args.out, f"{slug(r)}-s{s}")) for s in ss)
+        done = {r: sum(common.finished(run_folder(args.out, r, s, args.preset)) for s in ss)
                 for r, ss in seeds_of.items()}
         print("finished runs: " + ", ".join(f"{r} {done[r]} of {len(seeds_of[r])}" for r in done), flush=True)
-    rows = [summarise(r, p, [os.path.join(args.out, f"{slug(r)}-s{s}") for s in seeds_of[r]], responses,
+    rows = [summarise(r, p, [run_folder(args.out, r, s, args.preset) for s in seeds_of[r]], responses,
                       8 if args.quick else POLICY_PROBLEMS) for r, p, _ in chosen]
     os.makedirs(args.out, exist_ok=True)
     trl_dirs = [d for d in args.trl if common.finished(d)]
     trl = [run_figures(d) for d in trl_dirs]
     plot(rows, os.path.join(args.out, "ablation.png"), {"TRL GRPOTrainer": trl})
-    views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png")) if (
+    views = views_side_by_side(args.out, args.seeds[0], os.path.join(args.out, "views.png"), args.preset) if (
         args.preset == "long") else None
     report = (f"machine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
               f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier"

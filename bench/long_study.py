@@ -37,11 +37,19 @@ the points whose validation misread rate is at most the base model's plus 2 poin
   share of greedy responses whose first error is a misread was about 36% against the base's 41%, and greedy only
   moves where lookups do), and 48 RL steps in place of 40 (a fifth more samples: the preset's held-out runs took 16-17 of
   their 20 minutes, and their training accuracy was still rising at step 40).
+- tier 5, each algorithm's own actor learning rate (issue: the baselines had inherited VAPO's), fixed before its
+  runs: PPO, GRPO, DAPO and VAPO (`--algo`, each in the form its ablation row runs, at the row's budget of 2,560
+  samples) x actor_lr {5e-6, 1.5e-5 (the preset), 5e-5}, one seed (0) a setting. Each algorithm's pick is its
+  setting with the best mean of validation greedy and avg@2 (the two figures the comparison reports; no misread
+  constraint). Training does not depend on held-out evaluations (their sampling seed is their own), so a finished
+  `bench/ablation.py` run of the same algorithm, seed and options (the preset's lr) may be copied into the study's
+  folder as that point's run (`--reuse`): it is judged on the validation split like the others.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
@@ -74,6 +82,9 @@ TIER3 = {PRESET_POINT: [*TIER1["lr1.5e-5-mb4"], *TIER2_LEVERS["mu1"]],
 TIER4 = {f"{PRESET_POINT}+mu3": [*TIER1["lr1.5e-5-mb4"], "--mu", "3.0"],
          f"{PRESET_POINT}+steps48": [*TIER3[PRESET_POINT], "--steps", "48"]}
 PRESET_NOW = f"{PRESET_POINT}+mu3"  # --preset long since tier 4: the point its rule chose
+TIER5_LRS = ("5e-6", "1.5e-5", "5e-5")
+TIER5 = {f"{algo}-lr{lr}": ["--algo", algo, "--actor-lr", lr, "--max-samples", "2560"]
+         for algo in ("ppo", "grpo", "dapo", "vapo") for lr in TIER5_LRS}
 
 
 def drawn_prompts(seed: int, cfg: dict) -> set[str]:
@@ -154,6 +165,21 @@ def pick(results: list[dict], base: dict) -> str:
     return max(ok or points, key=lambda p: mean(points[p], "greedy", "accuracy"))
 
 
+def pick_lr(results: list[dict]) -> dict[str, str]:
+    """Tier 5's rule: per algorithm, the point with the best mean of validation greedy and avg@2 (seed mean)."""
+    score = {}
+    for r in results:
+        if r["point"] in TIER5:
+            v = r["validation"]
+            score.setdefault(r["point"], []).append((v["greedy"]["accuracy"] + v["sampled"]["accuracy"]) / 2)
+    best = {}
+    for point, vals in sorted(score.items()):
+        algo = point.split("-lr")[0]
+        if algo not in best or statistics.fmean(vals) > statistics.fmean(score[best[algo]]):
+            best[algo] = point
+    return best
+
+
 def table(results: list[dict], base: dict) -> str:
     """Markdown: one row per point, mean +- std over seeds of each figure, the base model first."""
     def cell(vals, pct=True, digits=1):  # mean +- std over seeds; one seed: its figure alone
@@ -178,7 +204,7 @@ def table(results: list[dict], base: dict) -> str:
     points = {}
     for r in results:
         points.setdefault(r["point"], []).append(r)
-    order = list(TIER1)  # tier 1 in the grid's order, then each centre's tier-2 points, the centre's order
+    order = list(TIER1) + list(TIER5)  # tier 1 in the grid's order, then each centre's tier-2 points, the centre's order
     for p, rs in sorted(points.items(), key=lambda item: (order.index(item[0].split("+")[0])
                                                          if item[0].split("+")[0] in order else len(order),
                                                          "+" in item[0], item[0])):
@@ -195,7 +221,7 @@ def table(results: list[dict], base: dict) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/long-study")
-    parser.add_argument("--tier", type=int, choices=(1, 2, 3, 4), default=1)
+    parser.add_argument("--tier", type=int, choices=(1, 2, 3, 4, 5), default=1)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--points", nargs="+", help="only these points of the tier (default all), e.g. to run the "
@@ -203,6 +229,10 @@ def main():
     parser.add_argument("--centre", help="tier 2 around this tier-1 point instead of the rule's pick: beyond the "
                         "fixed grid, so its runs are exploratory and reported as such")
     parser.add_argument("--report", action="store_true", help="only the table of the finished runs")
+    parser.add_argument("--reuse", nargs=2, action="append", default=[], metavar=("POINT", "RUN_DIR"),
+                        help="tier 5: take a finished run of the same options (bench/ablation.py's, at the preset's "
+                        "lr) as POINT's run of its seed, copied into --out (training does not depend on held-out "
+                        "evaluations); e.g. --reuse vapo-lr1.5e-5 runs/compare-long/vapo-s0")
     args = parser.parse_args()
     base = base_judgement(args.out)
     done = lambda: [common.read_json(os.path.join(args.out, d, "validation.json"))  # noqa: E731
@@ -210,8 +240,8 @@ def main():
     if not args.report:
         if args.tier == 1:
             grid = TIER1
-        elif args.tier in (3, 4):
-            grid = TIER3 if args.tier == 3 else TIER4
+        elif args.tier in (3, 4, 5):
+            grid = {3: TIER3, 4: TIER4, 5: TIER5}[args.tier]
         else:
             centre = args.centre or pick([r for r in done() if r["point"] in TIER1], base)
             if centre not in TIER1:
@@ -220,11 +250,24 @@ def main():
         unknown = set(args.points or ()) - set(grid)
         if unknown:
             parser.error(f"--points: not in tier {args.tier}: {', '.join(sorted(unknown))} (it has {', '.join(grid)})")
+        for point, run_dir in args.reuse:
+            if point not in TIER5 or not common.finished(run_dir):
+                parser.error(f"--reuse: {point} is not a tier-5 point, or {run_dir} holds no finished run")
+            cfg = common.read_json(os.path.join(run_dir, "config.json"))
+            if cfg["algo"] != point.split("-lr")[0] or cfg["actor_lr"] != float(point.split("-lr")[1]):
+                parser.error(f"--reuse: {run_dir} ran --algo {cfg['algo']} at lr {cfg['actor_lr']}, not {point}")
+            target = os.path.join(args.out, f"{point}-s{cfg['seed']}")
+            if not os.path.exists(target):
+                shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns("checkpoint.prev", "views"))
         jobs = [(name, seed, a) for seed in args.seeds for name, a in grid.items() if name in (args.points or grid)]
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(lambda j: judged(args.out, *j), jobs))
     report = (f"Validation split: {VALIDATION_PROBLEMS} train-split problems (seed {VALIDATION_SEED}), "
               f"greedy and avg@{VALIDATION_SAMPLES}; {common.machine()}\n\n" + table(done(), base))
+    picks = pick_lr(done())
+    if picks:
+        report += "\nTier 5's picks (best mean of validation greedy and avg@2): " + ", ".join(
+            f"{algo} {point.split('-lr')[1]}" for algo, point in picks.items()) + "\n"
     open(os.path.join(args.out, "study.md"), "w").write(report)
     print(report)
 

@@ -165,3 +165,26 @@ def test_pass_at_k_of_a_run_made_before_it_was_logged_is_read_off_its_checkpoint
         fh.writelines(json.dumps({k: v for k, v in r.items() if not k.startswith("eval/pass@")}) + "\n"
                       for r in records)
     assert ablation.pass_again(run_dir) is None
+
+
+def test_each_algorithm_family_runs_at_its_own_actor_lr(monkeypatch, tmp_path):
+    """A rate picked for an algorithm (ACTOR_LR) reaches its row and the rows that modify it (FAMILY), in folders
+    that name it, and no other row: VAPO and the rows sharing its critic keep the preset's."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ablation
+    monkeypatch.setitem(ablation.ACTOR_LR, "long", {"PPO": "5e-6"})
+    sweep = ["--preset", "long", "--steps", "40", "--max-samples", "2560"]
+    opts = dict((r, o) for r, _, o in ablation.ROWS)
+
+    def run(row):
+        args = ablation.row_args(row, opts[row], 0, str(tmp_path), sweep)
+        lr = args[args.index("--actor-lr") + 1] if "--actor-lr" in args else None
+        return lr, os.path.basename(args[args.index("--output-dir") + 1])
+
+    assert run("PPO") == ("5e-6", "ppo-lr5e-6-s0")
+    assert run("PPO + NLL") == ("5e-6", "ppo-nll-lr5e-6-s0")
+    assert run("GRPO + NLL") == (None, "grpo-nll-s0")
+    assert run("VAPO") == (None, "vapo-s0")
+    shared = ablation.row_args("w/o Decoupled-GAE", opts["w/o Decoupled-GAE"], 1, str(tmp_path), sweep)
+    assert shared[shared.index("--value-model") + 1] == os.path.join(str(tmp_path), "vapo-s1", "critic_pretrained")
+    assert "--actor-lr" not in shared
