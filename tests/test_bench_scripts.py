@@ -511,6 +511,34 @@ def test_long_study_tier_4_changes_one_option_of_the_preset_at_each_point():
                        f"{long_study.PRESET_POINT}+steps48": {"steps": (40, 48)}}
 
 
+def test_long_study_tier_5_sweeps_each_algorithms_lr_and_picks_by_greedy_and_avg():
+    """Tier 5: every algorithm at the same three actor lrs, otherwise the preset's options and its ablation rows'
+    budget of samples (only algo and actor_lr differ from the preset); the pick per algorithm is the best mean of
+    validation greedy and avg@2, whatever the misreads."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_study
+    import vapo
+
+    def cfg(extra):
+        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
+    preset = cfg(["--max-samples", "2560"])
+    assert len(long_study.TIER5) == 12
+    for name, extra in long_study.TIER5.items():
+        point = cfg(extra)
+        algo, lr = name.split("-lr")
+        assert point.algo == algo and point.actor_lr == float(lr) and point.max_samples == 2560
+        same = vapo.config_from_args([*long_study.TRAIN_ARGS, "--max-samples", "2560", "--algo", algo])[0]
+        assert {f for f in preset.__dataclass_fields__ if getattr(point, f) != getattr(same, f)} <= {"actor_lr"}
+
+    def result(point, greedy, sampled):
+        return {"point": point, "seed": 0, "validation": {"greedy": {"accuracy": greedy},
+                                                          "sampled": {"accuracy": sampled}}}
+    results = [result("ppo-lr5e-6", 0.60, 0.25), result("ppo-lr1.5e-5", 0.52, 0.30),  # 0.425 > 0.41
+               result("grpo-lr5e-6", 0.70, 0.10), result("grpo-lr1.5e-5", 0.60, 0.32),  # 0.46 > 0.40
+               result("lr1.5e-5-mb4", 0.99, 0.99)]  # another tier's point: not an algorithm's
+    assert long_study.pick_lr(results) == {"grpo": "grpo-lr1.5e-5", "ppo": "ppo-lr5e-6"}
+
+
 def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
     """bench/long_seeds.py: the first and last evaluation with their standard errors, the clipped shares and KL
     over the RL steps, and the verdict per seed (above the base on greedy and avg@k; misreads within 2 points)."""
