@@ -187,6 +187,14 @@ def value_config(config):
     return config
 
 
+def zero_head(value: PreTrainedModel) -> PreTrainedModel:
+    """value with its scalar head (`score`) set to zero, so that V(s_t) = 0 for every state until it is trained."""
+    nn.init.zeros_(value.score.weight)
+    if value.score.bias is not None:
+        nn.init.zeros_(value.score.bias)
+    return value
+
+
 def value_model_from_policy(policy: PreTrainedModel, gradient_checkpointing: bool = False) -> PreTrainedModel:
     """A value model whose backbone is a copy of the policy's backbone (same values, separate tensors, same dtype
     and device) and whose scalar head is zero, so V(s_t) = 0 for every state until it is trained.
@@ -200,9 +208,7 @@ def value_model_from_policy(policy: PreTrainedModel, gradient_checkpointing: boo
     setattr(value, prefix, copy.deepcopy(policy.base_model))
     hidden = value.score.in_features
     value.score = nn.Linear(hidden, 1, bias=value.score.bias is not None, device=policy.device, dtype=policy.dtype)
-    nn.init.zeros_(value.score.weight)
-    if value.score.bias is not None:
-        nn.init.zeros_(value.score.bias)
+    zero_head(value)
     meta = [n for n, t in list(value.named_parameters()) + list(value.named_buffers()) if t.is_meta]
     if meta:  # a model class with parts outside backbone and head would land here
         raise RuntimeError(f"value model has tensors left on the meta device: {meta}")

@@ -531,6 +531,13 @@ class CriticJudge:
         return out
 
 
+def bias_values(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor:
+    """[B, T] b(t) = offset + slope * t / 100 on the real tokens (t = the token's index in its response, 0 = the
+    first; slope in value units per 100 tokens), 0 under the mask. mask: [B, T]."""
+    t = torch.arange(mask.shape[1], dtype=torch.float32, device=mask.device)[None, :]  # [1, T]
+    return (offset + slope * t / 100) * mask
+
+
 def _common_prefix(a: str, b: str) -> int:
     """The number of leading characters a and b share."""
     n = min(len(a), len(b))

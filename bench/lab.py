@@ -37,8 +37,9 @@ from data import prompt_batch
 from engines import HFEngine
 from gae import gae, length_adaptive_lambda, terminal_rewards
 from losses import head_mask
-from models import load_tokenizer, load_value_model
+from models import load_tokenizer, load_value_model, zero_head
 from rollout import score_rollout
+from task import bias_values
 
 ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
 LENGTH_BANDS = ((1, 50), (50, 100), (100, 200), (200, 300), (300, 10_000))  # response length in tokens, [lo, hi)
@@ -51,13 +52,6 @@ def parse_bias(text: str) -> tuple[float, float]:
     """"OFFSET:SLOPE" -> (offset, slope): b(t) = offset + slope * t / 100 (slope per 100 tokens)."""
     offset, slope = text.split(":")
     return float(offset), float(slope)
-
-
-def bias_values(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor:
-    """[B, T] b(t) = offset + slope * t / 100 on the real tokens (t = the token's index in its response), 0 under the
-    mask. mask: [B, T]."""
-    t = torch.arange(mask.shape[1], dtype=torch.float32)[None, :]  # [1, T]
-    return (offset + slope * t / 100) * mask
 
 
 def predicted_shift(lengths: torch.Tensor, T: int, offset: float, slope: float, lam) -> torch.Tensor:
@@ -83,14 +77,6 @@ def noisy_values(star: torch.Tensor, mask: torch.Tensor, sigma: float, seed: int
     """[B, T] V* plus independent Gaussian noise of standard deviation sigma on every real token."""
     g = torch.Generator().manual_seed(seed)
     return (star + sigma * torch.randn(star.shape, generator=g)) * mask
-
-
-def zero_head(critic):
-    """The critic with its scalar head set to zero: V = 0 everywhere until it is trained (the h of V* + b + h)."""
-    torch.nn.init.zeros_(critic.score.weight)
-    if critic.score.bias is not None:
-        torch.nn.init.zeros_(critic.score.bias)
-    return critic
 
 
 # --- the responses, and the references -----------------------------------------------------------------------------
