@@ -118,6 +118,7 @@ STREAMS: dict[str, int] = {
     "pretrain_prompts": 1,  # the prompts of each value-pretraining step: other prompts than the RL steps'
     "evaluation": 7919,  # held-out sampling: the same draws at every evaluation, which differ only by the weights
     "views_probe": 104729,  # the teaching views' probe samples, drawn once from the starting policy
+    "critic_offset": 3,  # --critic-offset: the prompts and samples its V*_0 is fitted on, drawn once before step 0
     "reasoning_gym_train": 1,  # reasoning-gym's training problems: seeds from (seed + this) x data.RG_SEED_BLOCK on
 }
 
@@ -187,6 +188,25 @@ def _option(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def parse_critic_offset(text: str) -> tuple[float, float]:
+    """--critic-offset "exact:OFFSET:SLOPE" -> (OFFSET, SLOPE), two finite numbers (the bias b(t) = OFFSET + SLOPE *
+    t / 100 of the lab's constructed critic, vapo.Config.critic_offset). ValueError naming what is wrong."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] != "exact":
+        raise ValueError(f"--critic-offset: {text!r} is not of the form exact:OFFSET:SLOPE (e.g. exact:0:-0.5)")
+    numbers = []
+    for name, part in zip(("OFFSET", "SLOPE"), parts[1:]):
+        try:
+            number = float(part)
+        except ValueError:
+            raise ValueError(f"--critic-offset {text}: {name} {part!r} is not a number (exact:OFFSET:SLOPE, e.g. "
+                             f"exact:0:-0.5)") from None
+        if not math.isfinite(number):
+            raise ValueError(f"--critic-offset {text}: {name} must be a finite number, got {part!r}")
+        numbers.append(number)
+    return numbers[0], numbers[1]
+
+
 def validate(cfg, algorithms: dict):
     """cfg (a vapo.Config), checked: ValueError naming the first option that cannot work, and why. Every float
     option must be finite (nan and inf are refused, not trained with); each check runs only after the checks it
@@ -199,6 +219,8 @@ def validate(cfg, algorithms: dict):
                 raise ValueError(f"{_option(f.name)}: must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{_option(f.name)}: must be a finite number, got {value}")
+    if cfg.critic_offset is not None:
+        parse_critic_offset(cfg.critic_offset)  # a malformed value: its own message, naming the part that is wrong
     c = cfg
     checks = [  # (condition as a function, option, reason): evaluated in order, so later ones may divide
         (lambda: c.steps >= 0, "steps", "must be >= 0"),
@@ -243,6 +265,14 @@ def validate(cfg, algorithms: dict):
         (lambda: c.kl_coef >= 0, "kl_coef", "must be >= 0 (0 = no KL term)"),
         (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
         (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
+        (lambda: c.critic_offset is None or not c.group_advantage, "critic_offset",
+         f"offsets a critic, and {'--algo ' + c.algo if c.algo in ('grpo', 'dapo') else '--group-advantage'} has "
+         f"none (the group's advantage needs no critic): use --algo ppo or vapo, without --group-advantage"),
+        (lambda: c.critic_offset is None or c.dataset == "builtin-long", "critic_offset",
+         f"is for the built-in long task only (--dataset builtin-long, as --preset long sets: the lab's task, whose "
+         f"exact values V* the critic starts from); got --dataset {c.dataset}"),
+        (lambda: c.critic_offset is None or not c.dynamic_sampling, "critic_offset",
+         "cannot be used with --dynamic-sampling (the refill rounds' problems, which V*_0 needs, are not kept)"),
         (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
          "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
         (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac", "must be in [0, 1] (a share of max_new_tokens)"),

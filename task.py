@@ -538,6 +538,26 @@ def bias_values(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor
     return (offset + slope * t / 100) * mask
 
 
+class CriticOffset:
+    """The fixed part of the mechanism lab's constructed critic (--critic-offset exact:OFFSET:SLOPE, docs/lab.md): a
+    critic of a known bias, labelled as a constructed reference, not a technique of the paper. The critic is
+
+        V(s_t) = V*_0(s_t) + b(t) + h(s_t),      b(t) = offset + slope * t / 100
+
+    V*_0 the exact values (ExactValues) of the initial policy, fitted once before step 0 and then fixed; b a bias of
+    the response position t; h the critic network, whose head starts at zero, so V starts at V*_0 + b exactly. This
+    object is V*_0 + b: vapo.with_critic_offset adds it to h. With gamma = 1 and one reward at the last token, V = 0
+    after it (GAE's convention), so the bias stops at the end of the response: docs/lab.md's (A1)-(A4) assume it."""
+
+    def __init__(self, exact: ExactValues, tokenizer, offset: float, slope: float):
+        self.exact, self.tokenizer, self.offset, self.slope = exact, tokenizer, offset, slope
+
+    def __call__(self, rollout, problems: list[dict]) -> torch.Tensor:
+        """[B, T] V*_0(s_t) + b(t) on rollout's response tokens (problems[b]: row b's problem), 0 under the mask."""
+        mask = rollout.response_mask
+        return self.exact.values(rollout, problems, self.tokenizer) + bias_values(mask, self.offset, self.slope)
+
+
 def _common_prefix(a: str, b: str) -> int:
     """The number of leading characters a and b share."""
     n = min(len(a), len(b))

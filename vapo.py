@@ -74,10 +74,11 @@ from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
+from models import zero_head
 from reward import Verifier, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 from run import Progress, Run, SingleProcess, load_inputs
-from task import CriticJudge
+from task import CriticJudge, CriticOffset, ExactValues
 
 log = logging.getLogger("vapo")
 
@@ -184,6 +185,8 @@ class Config(config.RunOptions):
     """beta of a KL penalty to the initial policy in the policy loss, beta * KL(pi || pi_init) per token (k3, as GRPO and verl's use_kl_loss), aggregated as the policy loss (our option, a lever of the long-chain study; the paper, like DAPO, has none: 0 = off, no reference model is kept)"""
     truncated_reward: str = "wrong"
     """what a response cut at max_new_tokens (no EOS) earns: "wrong" (the wrong reward, whatever it stated on the way: it never committed to a final answer) or "graded" (its text graded as if it had ended, as verl's reward functions do); the paper does not say"""
+    critic_offset: str | None = None
+    """"exact:OFFSET:SLOPE": a constructed reference critic of a known bias for the mechanism lab (docs/lab.md, experiment 1), not a technique of the paper: V(s_t) = V*_0(s_t) + b(t) + h(s_t), V*_0 the task's exact values (task.ExactValues) fitted before step 0 on 256 responses of the initial policy (one to each of 256 training prompts of a stream of their own, at the training temperature), b(t) = OFFSET + SLOPE * t / 100 (t the response token's index from 0; V = 0 after the last token), h the critic network with its head set to zero (so V starts at V*_0 + b); GAE sees V, and the value loss (value pretraining's too) trains h alone, on returns - V*_0 - b. The built-in long task only (--dataset builtin-long), with a critic (not grpo or dapo), in one process, without dynamic sampling; none = off"""
 
     # ---- derived values -----------------------------------------------------------------------------------
     @property
@@ -210,6 +213,11 @@ class Config(config.RunOptions):
     def critic_apart(self) -> bool:
         """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
         return self.critic_mini_batch_size is not None or self.critic_epochs is not None
+
+    @property
+    def critic_bias(self) -> tuple[float, float] | None:
+        """(OFFSET, SLOPE) of --critic-offset exact:OFFSET:SLOPE, or None without it."""
+        return None if self.critic_offset is None else config.parse_critic_offset(self.critic_offset)
 
     @property
     def eps_high_used(self) -> float:
@@ -271,6 +279,8 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
     progress = Progress()
     run.judge = judge = critic_judge(cfg, critic, tokenizer)  # the task's exact values beside the critic, or None
     run.views.exact = judge.exact if judge is not None else None  # V* drawn beside V(s_t) once it is measured
+    # --critic-offset: V*_0 from the initial policy, so fitted before a resume restores the trained weights
+    run.views.critic_offset = fixed = critic_offset(cfg, critic, engine, rows, verifier, tokenizer)
     if resume:
         progress = run.restore()
         sync_engine(engine, policy, parallel)  # the engine samples from the restored weights
@@ -286,7 +296,7 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
                 evaluate_at(0, "step 0")  # the base model's accuracy
             if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
                 if not pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, run.emit,
-                                      progress.pretrain, should_stop=run.stop_requested, judge=judge):
+                                      progress.pretrain, should_stop=run.stop_requested, judge=judge, fixed=fixed):
                     run.save(progress)  # stopped by a signal: resumable mid-pretraining
                     run.stopped(0)
                     return run.finish(final_plot=False)
@@ -297,7 +307,8 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             run.save(progress)
         for step in run.steps(progress):
             run.views.keep_old(policy, step + 1)  # the probes' pi_old, when this step is evaluated
-            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference, judge)  # 1-6
+            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference, judge,  # 1-6
+                             fixed)
             sync_engine(engine, policy, parallel)  # the next rollout samples from the updated weights
             if run.after_step(record, progress, evaluate_at):  # log; then evaluate, plot, save or stop
                 break
@@ -305,12 +316,12 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
 
 
 def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier,
-            reference=None, judge=None) -> dict:
+            reference=None, judge=None, fixed=None) -> dict:
     """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
     critic None (GRPO, DAPO): nothing is scored or trained for it. reference: the frozen initial policy of
     --kl-coef (None: no KL term). judge: critic_judge's measure of the critic against the task's exact values
-    (None: not measured). A step left without samples (dynamic sampling
-    found no group with varied rewards) skips phases 3-5 and says so in its record."""
+    (None: not measured). fixed: --critic-offset's V*_0 + b (critic_offset; None: off). A step left without
+    samples (dynamic sampling found no group with varied rewards) skips phases 3-5 and says so in its record."""
     t_start = time.perf_counter()
     prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
     refill = lambda r: parallel.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
@@ -322,12 +333,14 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
         return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
     mask = rollout.response_mask
+    problems = [prompts[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt
     rewards = scores.float()  # [B], the verifier's
     if cfg.overlong_shaping:
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)
     device = rollout.response_mask.device
     with timed(stats, "score", device):
         scored = score(policy, critic, engine, rollout, cfg, stats, reference)  # 3. no grad
+        scored = with_critic_offset(scored, fixed, rollout, problems)  # --critic-offset: V = V*_0 + b + h
     with timed(stats, "advantages", device):
         values = scored.get("values")  # [B, T], or None without a critic
         advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
@@ -337,6 +350,8 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
             batch["ref_logprobs"] = scored["ref_logprobs"]
         if critic is not None:
             batch |= {"values": values, "returns": returns}
+            if fixed is not None:  # the critic's micro-step adds it to h again
+                batch["critic_offset"] = scored["critic_offset"]
         train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
     stats["time/step"] = time.perf_counter() - t_start
 
@@ -363,7 +378,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "lam_policy": batch_mean(lam_policy)}
         if judge is not None:
-            record |= judge(rollout, [prompts[int(i)] for i in rollout.prompt_index], values, returns, rewards)
+            record |= judge(rollout, problems, values, returns, rewards)
     return record
 
 
@@ -375,6 +390,34 @@ def critic_judge(cfg: Config, critic, tokenizer):
     if critic is None or not cfg.builtin or cfg.dynamic_sampling or parallel.world_size > 1:
         return None
     return CriticJudge(tokenizer, window=8)
+
+
+def critic_offset(cfg: Config, critic, engine, rows: list[dict], verifier: Verifier, tokenizer,
+                  responses: int = 256) -> CriticOffset | None:
+    """--critic-offset exact:OFFSET:SLOPE, the mechanism lab's constructed critic V = V*_0 + b + h (task.CriticOffset;
+    docs/lab.md; not a technique of the paper), made before step 0: the critic's head set to zero (h = 0, so V starts
+    at V*_0 + b exactly), and V*_0, the task's exact values (task.ExactValues), fitted on `responses` (256) responses
+    of the initial policy, one to each of as many training prompts (data.prompt_batch of the run's own stream
+    config.STREAMS["critic_offset"]), sampled at the training temperature with that stream's seed (the trainer's
+    random state is untouched), in passes of a rollout's rows. A resumed run fits it again the same way, before its
+    checkpoint is restored: the same draws of the same initial weights. None without the option (config.validate
+    has checked the task, the critic and dynamic sampling)."""
+    if cfg.critic_offset is None:
+        return None
+    if parallel.world_size > 1:
+        raise SystemExit("--critic-offset: one process only (its V*_0 is fitted on one process's samples): run "
+                         "vapo.py, not scale/train.py")
+    zero_head(critic)
+    prompts = prompt_batch(rows, 0, responses, config.stream(cfg.seed, "critic_offset"))
+    with autocast(cfg, engine.device):
+        rollout = engine.generate([r["prompt"] for r in prompts], n=1, seed=config.stream(cfg.seed, "critic_offset"),
+                                  batch_size=cfg.batch_size)
+    scores = verify(rollout, prompts, cfg, verifier)
+    exact = ExactValues()
+    exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], scores)
+    log.info("--critic-offset %s: V*_0 fitted on %d responses of the initial policy (%.1f%% right); the critic is "
+             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * batch_mean(scores > 0))
+    return CriticOffset(exact, tokenizer, *cfg.critic_bias)
 
 
 def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
@@ -509,6 +552,21 @@ def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, re
     return scored
 
 
+def with_critic_offset(scored: dict, fixed: CriticOffset | None, rollout: Rollout, problems: list[dict]) -> dict:
+    """--critic-offset, the mechanism lab's constructed critic (docs/lab.md; not a technique of the paper):
+
+        V(s_t) = V*_0(s_t) + b(t) + h(s_t)        fixed(rollout, problems) = V*_0 + b   [B, T], no parameter
+
+    scored["values"] is h, the network's output; it becomes V, the values GAE and the logs see, and
+    scored["critic_offset"] keeps V*_0 + b for the critic's micro-step (micro_batch_losses), which adds it to h
+    again: the value loss 0.5 (V - R)^2 = 0.5 (h - (R - V*_0 - b))^2 regresses h on R - V*_0 - b, and only h has
+    gradients. problems [B]: row b's prompt. fixed None: scored unchanged."""
+    if fixed is None:
+        return scored
+    offset = fixed(rollout, problems)  # [B, T]
+    return scored | {"values": scored["values"] + offset, "critic_offset": offset}
+
+
 def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
     """Phase 3's choice (--old-logprobs): take PPO's old log-probs log pi_old(r_t | ...) from the sampler instead of
     a scoring pass of the policy. They are the same numbers when the sampler drew from the policy's own weights at
@@ -571,9 +629,10 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
     loop of its own over critic_epochs passes of critic_mini_batch_size samples (the same targets: the returns
     were fixed in phase 4); else it steps beside the policy on each of the actor's mini-batches.
 
-    batch: "values", "returns" [B, T]; for the policy also "old_logprobs", "advantages" [B, T] and
-    "positive" [B] bool. train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the
-    policy only, and batch needs no "values" or "returns".
+    batch: "values", "returns" [B, T] (and "critic_offset" [B, T] with --critic-offset: V*_0 + b, added to the
+    critic's output); for the policy also "old_logprobs", "advantages" [B, T] and "positive" [B] bool.
+    train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the policy only, and batch needs
+    no "values" or "returns".
     """
     models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
     for m in models.values():
@@ -643,6 +702,8 @@ def micro_batch_losses(policy, critic, sub: Rollout, d: dict, counts: tuple, cfg
     if critic is not None:
         with autocast(cfg, sub.response_ids.device):
             values = response_values(critic, sub)  # [b, T]
+        if "critic_offset" in d:  # --critic-offset: V = (V*_0 + b) + h, h alone trainable (with_critic_offset)
+            values = values + d["critic_offset"]
         v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg, n_tokens,
                                      n_seqs)
         bad += nonfinite(v_loss, "value loss")
@@ -771,7 +832,7 @@ def autocast(cfg: Config, device: torch.device):
 # ==================================================================================================================
 
 def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier, emit,
-                   progress: dict | None = None, should_stop=lambda: False, judge=None) -> bool:
+                   progress: dict | None = None, should_stop=lambda: False, judge=None, fixed=None) -> bool:
     """Technique 1, Value-Pretraining (section 3.1): critic-only steps on rollouts of the frozen initial policy,
     targets = Monte-Carlo returns (GAE with lambda = 1: every token's target is the final reward).
 
@@ -783,7 +844,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
 
     progress = {"step": steps done, "recent": last explained variances} is updated in place (a resumed run passes
     the checkpoint's); should_stop() is asked after each step; judge (critic_judge's, or None) counts the frozen
-    policy's rollouts, so that the task's exact values are known from the first RL step. Returns True when
+    policy's rollouts, so that the task's exact values are known from the first RL step. fixed: --critic-offset's
+    V*_0 + b (with_critic_offset: the values are V*_0 + b + h and the steps train h; None: off). Returns True when
     pretraining is finished, False when it stopped early on request (the caller checkpoints progress)."""
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
@@ -792,15 +854,20 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                                                config.stream(cfg.seed, "pretrain_prompts")))
         rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
+        problems = [prompts[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt
         if judge is not None:
-            judge.exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], scores)
+            judge.exact.observe(rollout.texts, problems, scores)
         with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
             with autocast(cfg, mask.device):
-                values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
+                scored = score_rollout(None, critic, rollout, cfg.micro_batch_size)  # no grad
+            scored = with_critic_offset(scored, fixed, rollout, problems)  # --critic-offset: V = V*_0 + b + h
+            values = scored["values"]  # [B, T]
             _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
             ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
-            stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
-                           train_policy=False)
+            batch = {"values": values, "returns": returns}
+            if fixed is not None:  # the critic's micro-step adds it to h again
+                batch["critic_offset"] = scored["critic_offset"]
+            stats = update(policy, critic, optimizers, rollout, batch, cfg, train_policy=False)
         progress["recent"] = recent = (progress["recent"] + [ev])[-3:]
         progress["step"] = step + 1
         reached = cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev

@@ -54,6 +54,7 @@ class TokenViews:
         self.enabled = run.cfg.token_views and run.parallel.world_size == 1
         self.probes, self.old_logprobs, self.rows = None, None, None
         self.exact = None  # the built-in task's exact values of the current policy (task.ExactValues), once measured
+        self.critic_offset = None  # --critic-offset's V*_0 + b (task.CriticOffset): V = V*_0 + b + the critic's h
 
     def _probes(self, engine, held_out, verifier):
         """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
@@ -113,11 +114,13 @@ class TokenViews:
         lam_policy = length_adaptive_lambda(probes.lengths, cfg.alpha)  # [B]
         if critic is not None:
             values = scored["values"]
+            problems = [self.rows[b // PROBE_SAMPLES] for b in range(probes.B)]
+            if self.critic_offset is not None:  # the lab's constructed critic: V, not its network's part h alone
+                values = values + self.critic_offset(probes, problems)
             adaptive, returns = decoupled_gae(terminal, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
                                               lam_critic=cfg.lam_critic)
             rows |= {"value": values, "return": returns, "adv_adaptive": adaptive}
             if self.exact is not None and self.exact.batches and self.rows and "expr" in self.rows[0]:
-                problems = [self.rows[b // PROBE_SAMPLES] for b in range(probes.B)]
                 rows["value_exact"] = self.exact.values(probes, problems, self.run.tokenizer)  # [B, T] V*, beside V
             for name, lam in (("adv_0.95", 0.95), ("adv_1.0", 1.0)):
                 rows[name] = gae(terminal, values, mask, gamma=cfg.gamma, lam=lam)[0]

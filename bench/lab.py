@@ -635,14 +635,16 @@ def summarise(per_seed: list[dict]) -> dict[str, tuple[float, float]]:
 # --- the RL experiments: the runs they will make (nothing is run or claimed here) ----------------------------------
 def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> list[tuple[str, list[str]]]:
     """(label, vapo.py options) of each run of an RL experiment of docs/lab.md, per seed. Sizes are the page's
-    (about 10 minutes a seed, to be timed). value-pretraining-rl's runs need --critic-offset, a trainer hook that
-    vapo.py does not have yet (docs/lab.md, experiment 1, part 2)."""
+    (about 10 minutes a seed, to be timed). value-pretraining-rl's runs use the trainer's --critic-offset (the
+    constructed critic V*_0 + b + h, docs/lab.md, experiment 1, part 2); their value pretraining runs its 20 steps
+    (--value-pretrain-ev none: the preset's gate would stop it earlier)."""
     long_eval = ["--eval-prompts", "200", "--eval-sampled-prompts", "100", "--eval-samples", "2"]
     arms = {
         "value-pretraining-rl": [
-            ("slope -0.5, no value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5"]),
-            ("slope -0.5, value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5",
-                                               "--value-pretraining", "--value-pretrain-steps", "20"]),
+            ("falling slope -0.5, no value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5"]),
+            ("falling slope -0.5, value pretraining", ["--algo", "ppo", "--critic-offset", "exact:0:-0.5",
+                                                       "--value-pretraining", "--value-pretrain-steps", "20",
+                                                       "--value-pretrain-ev", "none"]),
             ("V* alone (control)", ["--algo", "ppo", "--critic-offset", "exact:0:0"])],
         "clip-higher": [(f"eps_high {e}", ["--algo", "grpo", "--clip-higher", "--eps-high", e])
                         for e in ("0.2", "0.28", "0.4")],
@@ -655,7 +657,7 @@ def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> l
     }
     extensions = {"group-sampling": [("VAPO 8 prompts x 8", []), ("VAPO 64 prompts x 1", ["--no-group-sampling"])],
                   "nll": [("GRPO + NLL mu 0.1", ["--algo", "grpo", "--positive-nll", "--mu", "0.1"])],
-                  "value-pretraining-rl": [("slope +0.5, no value pretraining",
+                  "value-pretraining-rl": [("rising slope +0.5, no value pretraining",
                                             ["--algo", "ppo", "--critic-offset", "exact:0:0.5"])]}
     common_args = {"clip-higher": ["--preset", "demo", "--mini-batch-size", "8", "--micro-batch-size", "8", "--steps",
                                    "12", "--eval-every", "6", "--eval-prompts", "100", "--eval-samples", "4"],
@@ -674,8 +676,8 @@ def print_rl_runs(name: str, seeds: list[int], out: str, extension: bool) -> lis
     runs = rl_runs(name, seeds, out, extension)
     print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result.")
     if name == "value-pretraining-rl":
-        print("  needs the trainer hook --critic-offset exact:OFFSET:SLOPE (docs/lab.md, experiment 1, part 2), which "
-              "vapo.py does not have yet: these commands fail until it is added.")
+        print("  the critic is vapo.py's --critic-offset exact:OFFSET:SLOPE, a constructed reference critic "
+              "V*_0 + b + h (docs/lab.md, experiment 1, part 2)")
     for label, options in runs:
         print(f"  # {label}\n  python vapo.py {shlex.join(options)}")
     print("results: not run yet (docs/lab.md)")

@@ -2,6 +2,7 @@
 hand-worked cases: the bias has the slope asked for, GAE of V* + b differs from GAE of V* by the page's arithmetic,
 the decisions it reverses are the ones the arithmetic names, the length-adaptive fit finds a known lambda, and the
 critic-only fit regresses on the targets the arithmetic gives."""
+import inspect
 import math
 import os
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import config
 import task
 import vapo
 from gae import gae, terminal_rewards
@@ -193,16 +195,22 @@ def test_zero_head_starts_a_critic_at_zero(tiny_policy, tokenizer):
 
 
 def test_the_rl_experiments_print_runs_of_vapo_py_and_claim_nothing(capsys):
-    """Every planned run is a valid `python vapo.py` command line that sets what its label says, except
-    value-pretraining-rl's, which need the --critic-offset hook that vapo.py does not have yet (and say so)."""
+    """Every planned run is a valid `python vapo.py` command line that sets what its label says (value-pretraining-rl's
+    through the trainer's --critic-offset hook)."""
     checks = {"eps_high 0.28": lambda cfg: cfg.eps_high_used == 0.28 and cfg.group_advantage,
               "per-sample loss": lambda cfg: cfg.loss_agg == "seq-mean-token-mean",
               "token-level loss": lambda cfg: cfg.loss_agg == "token-mean",
               "GRPO 2 prompts x 32": lambda cfg: (cfg.prompts_per_rollout, cfg.group_size) == (2, 32),
               "VAPO 64 prompts x 1": lambda cfg: (cfg.prompts_per_rollout, cfg.group_size) == (64, 1),
-              "GRPO + NLL mu 3": lambda cfg: cfg.positive_nll and cfg.mu == 3 and cfg.group_advantage}
+              "GRPO + NLL mu 3": lambda cfg: cfg.positive_nll and cfg.mu == 3 and cfg.group_advantage,
+              "falling slope -0.5, no value pretraining": lambda cfg: cfg.critic_bias == (0, -0.5) and cfg.algo == "ppo"
+              and not cfg.value_pretraining and cfg.steps == 12,
+              "falling slope -0.5, value pretraining": lambda cfg: cfg.critic_bias == (0, -0.5) and cfg.algo == "ppo"
+              and cfg.value_pretraining and cfg.value_pretrain_steps == 20 and cfg.value_pretrain_ev is None,
+              "V* alone (control)": lambda cfg: cfg.critic_bias == (0, 0) and not cfg.value_pretraining,
+              "rising slope +0.5, no value pretraining": lambda cfg: cfg.critic_bias == (0, 0.5)}
     seen = set()
-    for name in ("clip-higher", "token-level", "group-sampling", "nll"):
+    for name in ("clip-higher", "token-level", "group-sampling", "nll", "value-pretraining-rl"):
         runs = lab.print_rl_runs(name, [0, 1, 2], "/tmp/lab", extension=True)
         assert len({options[options.index("--output-dir") + 1] for _, options in runs}) == len(runs)
         for label, options in runs:
@@ -213,12 +221,9 @@ def test_the_rl_experiments_print_runs_of_vapo_py_and_claim_nothing(capsys):
                     assert check(cfg), label
                     seen.add(key)
     assert seen == set(checks)
-    runs = lab.print_rl_runs("value-pretraining-rl", [0], "/tmp/lab", extension=False)
-    assert all("--critic-offset" in options for _, options in runs)
-    with pytest.raises(SystemExit):
-        vapo.config_from_args(runs[0][1])
     out = capsys.readouterr().out
-    assert "runs none of them and claims no result" in out and "not run yet" in out and "hook" in out
+    assert "runs none of them and claims no result" in out and "not run yet" in out
+    assert "--critic-offset" in out and "does not have" not in out
 
 
 def test_a_verdict_needs_two_standard_errors():
@@ -243,3 +248,146 @@ def test_the_residual_table_reads_the_bias_back_by_fifth_and_band():
     assert all(math.isnan(x) for x in table["100-199"]["by_fifth"])
     sloped = lab.residual_table(lab.bias_values(Batch.response_mask, 0.0, -0.5), Batch)["300+"]["by_fifth"]
     assert sloped == pytest.approx([-0.005 * (80 * k + 39.5) for k in range(5)])
+
+
+# --- the trainer's hook: --critic-offset exact:OFFSET:SLOPE, V = V*_0 + b + h ------------------------------------
+LAB_RUN = dict(vapo.ALGORITHMS["ppo"], algo="ppo", dataset="builtin-long", critic_offset="exact:0.3:-0.5", steps=1,
+               prompts_per_step=4, samples_per_prompt=1, mini_batch_size=4, micro_batch_size=2, max_new_tokens=24,
+               actor_lr=1e-3, critic_lr=1e-4, warmup_steps=1, eval_every=0, eval_prompts=2, eval_samples=1,
+               save_every=0, token_views=False, truncated_reward="graded")
+
+
+def bias(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor:
+    """b(t) = offset + slope * t / 100, written out again here (t from 0 on each response's first token)."""
+    return torch.tensor([[offset + slope * t / 100 if mask[b, t] else 0.0 for t in range(mask.shape[1])]
+                         for b in range(mask.shape[0])])
+
+
+def test_the_values_gae_sees_at_step_0_are_the_constructed_critics(tiny_model_dir, tiny_policy, tokenizer, tmp_path,
+                                                                   monkeypatch):
+    """--critic-offset exact:0.3:-0.5 on a tiny run: the values phase 4 gets at step 0 are V*_0 + b to 1e-6, even
+    from a critic whose head was not zero (the option zeroes it: h = 0), V*_0 fitted on the 256 responses the help
+    names, before step 0."""
+    import data
+    from models import value_model_from_policy
+    critic = value_model_from_policy(tiny_policy)
+    torch.nn.init.normal_(critic.score.weight)  # a head that is not zero
+    critic.save_pretrained(tmp_path / "critic")
+    cfg = vapo.Config(**LAB_RUN, model=tiny_model_dir, value_model=str(tmp_path / "critic"),
+                      output_dir=str(tmp_path / "run")).validate()
+    fitted, seen = [], []
+    fit = vapo.critic_offset
+    monkeypatch.setattr(vapo, "critic_offset", lambda *a, **k: fitted.append(fit(*a, **k)) or fitted[-1])
+    phase4 = vapo.advantages_and_returns
+    monkeypatch.setattr(vapo, "advantages_and_returns", lambda rollout, rewards, values, cfg, stats=None: seen.append(
+        (rollout, values.clone())) or phase4(rollout, rewards, values, cfg, stats))
+    vapo.train(cfg)
+    (rollout, values), (fixed,) = seen[0], fitted
+    assert fixed.exact.batches[0][("start",)][0] == 256 == inspect.signature(fit).parameters["responses"].default
+    assert "256 responses of the initial policy" in config.field_docs(vapo.Config)["critic_offset"]
+    rows, _ = data.load_data(cfg, tokenizer)
+    problems = [vapo.step_prompts(rows, 0, cfg)[int(i)] for i in rollout.prompt_index]
+    star = fixed.exact.values(rollout, problems, tokenizer)  # V*_0
+    mask = rollout.response_mask
+    assert star[mask.bool()].abs().min() > 0.1  # V*_0 is not 0 here: the sum is not b alone
+    assert torch.allclose(values, star + bias(mask, 0.3, -0.5), atol=1e-6)
+    assert (values[~mask.bool()] == 0).all()  # V = 0 past the end
+
+
+def test_the_critics_step_moves_h_alone_on_the_returns_minus_the_offset(tiny_policy, tokenizer):
+    """The critic's micro-step with "critic_offset" (V = offset + h) makes the same step as a critic h regressed on
+    returns - offset: the offset is a constant, and h the only thing trained."""
+    import copy
+    from models import value_model_from_policy
+    from rollout import rollout_from_tokens, score_rollout
+    cfg = vapo.Config(**{**LAB_RUN, "critic_mini_batch_size": 2}).validate()
+    eos = tokenizer.eos_token_id
+    ids = [[7, 8, 9, eos], [7, eos], [5, 6, 7, 8, 9, eos], [9, 9, eos]]
+    rollout = rollout_from_tokens([[5, 6]] * 4, ids, [[0.0] * len(x) for x in ids], 1, [eos], tokenizer.pad_token_id,
+                                  tokenizer, "cpu")
+    mask = rollout.response_mask
+    offset = (torch.rand(mask.shape) * 2 - 1) * mask + bias(mask, 0.3, -0.5)  # any V*_0, and b
+    returns = terminal_rewards(torch.tensor([1.0, -1.0, -1.0, 1.0]), mask).flip(1).cumsum(1).flip(1)  # R everywhere
+    critics = []
+    for batch in ("offset", "shifted"):
+        torch.manual_seed(0)
+        critic = value_model_from_policy(tiny_policy)
+        h = score_rollout(None, critic, rollout)["values"]
+        data = ({"values": h + offset, "returns": returns, "critic_offset": offset} if batch == "offset" else
+                {"values": h, "returns": returns - offset})
+        sgd = torch.optim.SGD(critic.parameters(), lr=0.1)  # not Adam, whose first step is about sign(gradient)
+        vapo.update(None, critic, {"critic": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda n: 1.0))}, rollout,
+                    data, cfg, train_policy=False)
+        critics.append(critic)
+    start = value_model_from_policy(tiny_policy).state_dict()
+    one, other = (c.state_dict() for c in critics)
+    assert any(not torch.equal(one[k], start[k]) for k in start)  # it stepped
+    assert all(torch.allclose(one[k], other[k], atol=1e-6) for k in one)
+
+
+def test_value_pretraining_trains_h_on_the_returns_minus_the_offset(tiny_policy, tokenizer, monkeypatch):
+    """A value-pretraining step with --critic-offset: its values are V*_0 + b + h (h = 0 at first), and its update
+    lowers h's loss against returns - (V*_0 + b) on that step's rollout."""
+    from engines import HFEngine
+    from models import value_model_from_policy
+    from reward import Verifier, arith_reward
+    from rollout import score_rollout
+    torch.manual_seed(0)  # the mini-batches' order
+    cfg = vapo.Config(**{**LAB_RUN, "value_pretraining": True, "value_pretrain_steps": 1}).validate()
+    critic = value_model_from_policy(tiny_policy)
+    engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=cfg.max_new_tokens)
+    rows = task.make_dataset(200, 0, task.LONG.min_steps, task.LONG.max_steps, split="train")
+    verifier = Verifier(arith_reward, 0)
+    fixed = vapo.critic_offset(cfg, critic, engine, rows, verifier, tokenizer, responses=32)
+    losses = []
+
+    def h_loss(rollout, batch):
+        h = score_rollout(None, critic, rollout)["values"]
+        mask = rollout.response_mask
+        return float((0.5 * (h - (batch["returns"] - batch["critic_offset"])) ** 2 * mask).sum() / mask.sum())
+
+    step = vapo.update
+
+    def update(policy, critic_, optimizers, rollout, batch, cfg, train_policy=True):
+        assert torch.equal(batch["values"], batch["critic_offset"])  # V = V*_0 + b + h, h = 0 before any step
+        losses.append(h_loss(rollout, batch))
+        out = step(policy, critic_, optimizers, rollout, batch, cfg, train_policy)
+        losses.append(h_loss(rollout, batch))
+        return out
+    monkeypatch.setattr(vapo, "update", update)
+    optimizers = {"critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
+    assert vapo.pretrain_value(tiny_policy, critic, optimizers, engine, rows, cfg, verifier, lambda r: None,
+                               fixed=fixed)
+    before, after = losses
+    assert after < before
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (dict(critic_offset="exact:a:b"), "OFFSET 'a' is not a number"),
+    (dict(critic_offset="exact:0:x"), "SLOPE 'x' is not a number"),
+    (dict(critic_offset="exact:0"), "not of the form exact:OFFSET:SLOPE"),
+    (dict(critic_offset="bias:0:-0.5"), "not of the form exact:OFFSET:SLOPE"),
+    (dict(critic_offset="exact:inf:0"), "OFFSET must be a finite number"),
+    (dict(dataset="builtin"), "built-in long task only.*--dataset builtin$"),
+    (dict(dataset="data.jsonl"), "built-in long task only.*--dataset data.jsonl"),
+    (dict(vapo.ALGORITHMS["grpo"], algo="grpo"), "--algo grpo has none"),
+    (dict(vapo.ALGORITHMS["dapo"], algo="dapo", dynamic_sampling=False), "--algo dapo has none"),
+    (dict(algo="vapo", group_advantage=True), "--group-advantage has none"),
+    (dict(dynamic_sampling=True), "--dynamic-sampling"),
+])
+def test_critic_offset_refuses_what_it_cannot_do(overrides, problem):
+    with pytest.raises(ValueError, match="--critic-offset.*" + problem):
+        vapo.Config(**{**LAB_RUN, **overrides}).validate()
+    assert vapo.Config(**LAB_RUN).validate().critic_bias == (0.3, -0.5)
+    assert vapo.Config(**{**LAB_RUN, "critic_offset": "exact:-0.5:0.125"}).validate().critic_bias == (-0.5, 0.125)
+
+
+def test_critic_offset_on_the_command_line():
+    cfg, _, _ = vapo.config_from_args(["--preset", "long", "--algo", "ppo", "--critic-offset", "exact:0:-0.5"])
+    assert cfg.critic_bias == (0.0, -0.5) and cfg.dataset == "builtin-long"
+    for argv, problem in ((["--preset", "long", "--algo", "grpo"], "--algo grpo has none"),
+                          (["--preset", "demo"], "built-in long task only")):
+        with pytest.raises(SystemExit, match=problem):
+            vapo.config_from_args([*argv, "--critic-offset", "exact:0:-0.5"])
+    help_text = config.build_parser(vapo.Config, vapo.ALGORITHMS).format_help()
+    assert "constructed reference critic" in " ".join(help_text.split())
