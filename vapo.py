@@ -333,7 +333,8 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
         return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
     mask = rollout.response_mask
-    problems = [prompts[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt
+    drawn = prompts + [p for r in range(1, stats.get("dynamic/rounds", 0) + 1) for p in refill(r)]  # every round's
+    problems = [drawn[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt (prompt_index counts all rounds)
     rewards = scores.float()  # [B], the verifier's
     if cfg.overlong_shaping:
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)

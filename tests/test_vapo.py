@@ -1,6 +1,7 @@
 """vapo.py: the config, each switch, a few training steps on a tiny random model, resume, the command line."""
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -292,6 +293,41 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_policys():
         Config(old_logprobs="sampler", top_p=0.9).validate()
     with pytest.raises(ValueError, match="--old-logprobs"):
         Config(old_logprobs="cached").validate()
+
+
+def test_every_row_of_a_dynamically_sampled_batch_is_judged_against_its_own_prompt(tiny_model_dir):
+    """With dynamic sampling a batch holds refill rounds' prompts, and rollout.prompt_index counts every round's:
+    the problems an RL step hands its judge (and --critic-offset) are each row's own. Round 0's groups are made to
+    all get the same reward, so every kept row comes from a refill."""
+    import task
+    from data import gold_of
+    from engines import HFEngine
+    from models import load_policy, value_model_from_policy
+    rows = task.make_dataset(64, seed=0, split="train")
+    cfg = tiny_config(tiny_model_dir, "unused", algo="vapo", dynamic_sampling=True, dynamic_sampling_rounds=2)
+    first = {gold_of(r) for r in vapo.step_prompts(rows, 0, cfg)}
+    verifier = Verifier(functools.partial(round_zero_alike, frozenset(first)), 0)
+    torch.manual_seed(0)
+    policy, tok = load_policy(tiny_model_dir)
+    critic = value_model_from_policy(policy)
+    optimizers = {"policy": vapo.make_optimizer(policy, cfg.actor_lr, cfg),
+                  "critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
+    engine = HFEngine(policy, tok, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    seen = []
+    judge = lambda rollout, problems, *_: seen.append((rollout, problems)) or {}  # noqa: E731
+    record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, verifier, judge=judge)
+    assert record["dynamic/rounds"] >= 1 and seen
+    rollout, problems = seen[0]
+    assert len(problems) == rollout.B > 0 and not {gold_of(p) for p in problems} & first  # all from refills
+    for b in range(rollout.B):
+        prompt = tok.decode(rollout.prompt_ids[b][rollout.prompt_mask[b].bool()])
+        assert problems[b]["prompt"] in prompt, (b, problems[b]["prompt"], prompt)
+
+
+def round_zero_alike(first: frozenset, response: str, gold: str) -> float:
+    """-1 for every response to a prompt of round 0 (gold in first): their groups are all alike and dropped; else
+    odd_length_verifier's varied rewards."""
+    return -1.0 if gold in first else odd_length_verifier(response, gold)
 
 
 @pytest.mark.parametrize("algo", ["vapo", "grpo"])
