@@ -855,7 +855,8 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                                                config.stream(cfg.seed, "pretrain_prompts")))
         rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
-        problems = [prompts[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt
+        needed = judge is not None or fixed is not None  # (a stub engine's rollout may have no prompt_index)
+        problems = [prompts[int(i)] for i in rollout.prompt_index] if needed else None  # [B], row b's prompt
         if judge is not None:
             judge.exact.observe(rollout.texts, problems, scores)
         with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
