@@ -298,13 +298,20 @@ def borrow_digits(response: str) -> list[int]:
     """Character offsets in response of the tens digit that each borrow step's line writes ("12 b-5=07": the 0,
     where the habit writes 1): the decisive tokens of a chain, where a sample keeps or forgets the borrow. Borrow
     steps by the line's own operands; stops at the first line that is not a step line."""
+    return [offset for offset, _ in borrow_decisions(response)]
+
+
+def borrow_decisions(response: str) -> list[tuple[int, str]]:
+    """(offset, right) for each borrow_digits offset: right is the tens digit the line's own operands call for
+    ("12 b-5=" -> "0"; the habit writes "1"), whatever the response wrote there."""
     out, offset = [], 0
     for line in response.split("\n"):
         m = _LINE.fullmatch(line)
         if m is None:
             break
-        if is_borrow_step(int(m[1]), m[3], int(m[4])):
-            out.append(offset + m.start(5))
+        a, op, b = int(m[1]), m[3], int(m[4])
+        if is_borrow_step(a, op, b):
+            out.append((offset + m.start(5), f"{_apply(a, op, b):02d}"[0]))
         offset += len(line) + 1
     return out
 

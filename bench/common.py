@@ -131,19 +131,20 @@ def finished(run_dir: str) -> bool:
     return budget is not None and generated >= budget and bool(records) and "eval/acc_greedy" in records[-1]
 
 
-def run_vapo(label: str, args: list[str], run_dir: str) -> float | None:
+def run_vapo(label: str, args: list[str], run_dir: str, program: tuple[str, ...] = ("vapo.py",)) -> float | None:
     """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
     holds a finished run, or a live process of another invocation runs it (then None); an interrupted run (its
-    config.json there) is resumed instead. Returns the wall time in seconds, also written to run_dir/wall_seconds."""
+    config.json there) is resumed instead. Returns the wall time in seconds, also written to run_dir/wall_seconds.
+    program: what takes vapo.py's arguments (bench/lab.py's recording wrapper of it, for instance)."""
     if finished(run_dir):
         return None
     owner = running(run_dir)
     if owner is not None:  # another sweep's process is running it now: left to that one
         print(f"  {label}: being run by process {owner} (another invocation), skipped here", flush=True)
         return None
-    cmd = [sys.executable, "vapo.py", *args]
+    cmd = [sys.executable, *program, *args]
     if os.path.exists(os.path.join(run_dir, "config.json")):
-        cmd = [sys.executable, "vapo.py", "--resume", run_dir]  # an interrupted run continues (or restarts)
+        cmd = [sys.executable, *program, "--resume", run_dir]  # an interrupted run continues (or restarts)
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "stdout.log"), "a") as log:

@@ -21,10 +21,14 @@ trainer's own critic step (vapo.update) on the targets minus V* + b.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import shlex
 import statistics
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -38,7 +42,8 @@ from engines import HFEngine
 from gae import gae, length_adaptive_lambda, terminal_rewards
 from losses import head_mask
 from models import load_tokenizer, load_value_model, zero_head
-from rollout import score_rollout
+from plots import read_jsonl
+from rollout import response_logprobs, score_rollout
 from task import bias_values
 
 ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
@@ -632,6 +637,113 @@ def summarise(per_seed: list[dict]) -> dict[str, tuple[float, float]]:
     return out
 
 
+# --- the RL experiments' per-update record: the borrow decisions of each batch, before and after its update -------
+DECISIONS = "decisions.jsonl"  # in the run folder of `bench/lab.py record -- VAPO.PY OPTIONS`, one line per RL step
+
+
+def decision_table(policy, rollout, tokenizer, temperature: float) -> dict[str, torch.Tensor]:
+    """Every borrow decision of the batch (task.borrow_decisions: the tens digit of a borrow step's line, where the
+    habit forgets the borrow) under `policy`: rows, cols [n] (row b, response token t), "right" [n] bool (the sample
+    wrote the right digit there), "lp_right" [n] log pi(the right digit | the sampled prefix), "lp_sampled" [n]
+    log pi(the sampled token | prefix), "entropy" [n] of the decision. The right digit's log-prob is read by
+    scoring a copy of the batch with that one token swapped in (the prefix, hence the decision's state, is the
+    same). Decisions on tokens that are not one character are left out (the built-in tokenizer's never are)."""
+    rows, cols, right_ids, right = [], [], [], []
+    for b, text in enumerate(rollout.texts):
+        ends = token_ends(tokenizer, rollout, b)
+        for char, digit in task.borrow_decisions(text):
+            t = int((ends <= char).sum())  # the token whose text covers that character
+            if t >= len(ends) or int(ends[t]) - (int(ends[t - 1]) if t else 0) != 1:
+                continue
+            ids = tokenizer.encode(digit, add_special_tokens=False)
+            rows.append(b), cols.append(t), right_ids.append(ids[0]), right.append(text[char] == digit)
+    rows, cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+    swapped = rollout.response_ids.clone()
+    swapped[rows, cols] = torch.tensor(right_ids, dtype=torch.long)
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        lp, entropy = response_logprobs(policy, rollout, temperature, with_entropy=True)  # [B, T]
+        lp_right, _ = response_logprobs(policy, dataclasses.replace(rollout, response_ids=swapped), temperature)
+    policy.train(was_training)
+    return {"rows": rows, "cols": cols, "right": torch.tensor(right, dtype=torch.bool),
+            "lp_right": lp_right[rows, cols], "lp_sampled": lp[rows, cols], "entropy": entropy[rows, cols]}
+
+
+def decision_record(before: dict, after: dict, advantages: torch.Tensor, bands: list[str] | None,
+                    eps_high: float) -> dict:
+    """One step's record of its borrow decisions, before and after the update. "pushed": the sample wrote the right
+    digit and its advantage is positive (what PPO raises, and the upper clip caps); "binding": pushed decisions whose
+    ratio pi_new / pi_old ended at or past 1 + eps_high (the clip bound was reached: the update's last mini-batches
+    gave them no gradient). growth = p_after(right) / p_before(right). bands: each row's step band (exposures and the
+    habit's share of samples per band), or None."""
+    n = len(before["rows"])
+    out = {"decisions": n}
+    if n == 0:
+        return out | ({f"rows|{band}": sum(b == band for b in bands) for band in STEP_BANDS} if bands else {})
+    p0, p1 = before["lp_right"].exp(), after["lp_right"].exp()
+    growth = p1 / p0.clamp(min=1e-12)
+    ratio = (after["lp_sampled"] - before["lp_sampled"]).exp()
+    pushed = before["right"] & (advantages[before["rows"], before["cols"]] > 0)
+    binding = pushed & (ratio >= 1 + eps_high - 1e-6)
+    out |= {"p_right_before": p0.mean().item(), "p_right_after": p1.mean().item(),
+            "entropy_before": before["entropy"].mean().item(), "entropy_after": after["entropy"].mean().item(),
+            "sampled_right": before["right"].float().mean().item(), "pushed": int(pushed.sum()),
+            "binding": int(binding.sum()),
+            "growth_pushed": growth[pushed].mean().item() if pushed.any() else None,
+            "growth_binding": growth[binding].mean().item() if binding.any() else None,
+            "growth_max": growth[pushed].max().item() if pushed.any() else None}
+    if bands is not None:
+        for band in STEP_BANDS:
+            out[f"rows|{band}"] = sum(b == band for b in bands)  # the batch's samples by their problem's band
+            here = torch.tensor([bands[int(b)] == band for b in before["rows"]], dtype=torch.bool)
+            out[f"exposures|{band}"] = int(here.sum())
+            out[f"habit|{band}"] = int((here & ~before["right"]).sum())
+    return out
+
+
+def record_decisions(argv: list[str]) -> None:
+    """`python bench/lab.py record -- VAPO.PY OPTIONS`: vapo.py's own run, unchanged, with one record more: around each
+    RL step's update (vapo.update, which this wraps) the batch's borrow decisions are scored before and after
+    (decision_table), one line per step in the run folder's decisions.jsonl (a resumed run writes its redone steps
+    again: a reader keeps each step's last line). Needs --output-dir (or --resume). Costs two no-grad forward passes
+    of the batch a step."""
+    argv = argv[1:] if argv and argv[0] == "--" else argv
+    cfg, resume, _ = vapo.config_from_args(argv)
+    if not (cfg.output_dir or resume):
+        raise SystemExit("bench/lab.py record: give vapo.py's --output-dir (the record goes into the run folder)")
+    if cfg.dataset not in ("builtin", "builtin-long"):
+        raise SystemExit(f"bench/lab.py record: the built-in task's borrow decisions only (--dataset {cfg.dataset})")
+    rl_step, update, state = vapo.rl_step, vapo.update, {}
+
+    def rl_step_recorded(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs):
+        prompts = vapo.step_prompts(rows, step, cfg)
+        state.update(step=step + 1, tokenizer=engine.tokenizer, folder=cfg.output_dir,
+                     bands=None if cfg.dynamic_sampling else [task.band_of(p["n_steps"]) for p in prompts])
+        return rl_step(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs)
+
+    def update_recorded(policy, critic, optimizers, rollout, batch, cfg, train_policy=True):
+        if not train_policy or "step" not in state:  # value pretraining: the policy does not move
+            return update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
+        before = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
+        out = update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
+        after = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
+        bands = None if state["bands"] is None else [state["bands"][int(i)] for i in rollout.prompt_index]
+        eps_high = cfg.eps_high if cfg.clip_higher else cfg.eps_low
+        record = {"step": state["step"], **decision_record(before, after, batch["advantages"], bands, eps_high)}
+        with open(os.path.join(state["folder"], DECISIONS), "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return out
+
+    vapo.rl_step, vapo.update = rl_step_recorded, update_recorded
+    vapo.main(argv)
+
+
+def read_decisions(folder: str) -> dict[int, dict]:
+    """{step: its last record} of a run folder's decisions.jsonl ({} without one)."""
+    return {r["step"]: r for r in read_jsonl(os.path.join(folder, DECISIONS))}
+
+
 # --- the RL experiments: the runs they will make (nothing is run or claimed here) ----------------------------------
 def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> list[tuple[str, list[str]]]:
     """(label, vapo.py options) of each run of an RL experiment of docs/lab.md, per seed. Sizes are the page's
@@ -672,16 +784,406 @@ def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> l
     return runs
 
 
+def output_dir(options: list[str]) -> str:
+    return options[options.index("--output-dir") + 1]
+
+
+RECORD = ("bench/lab.py", "record", "--")  # what runs each RL run: vapo.py, with the per-update decision record
+
+
+def run_rl(name: str, seeds: list[int], out: str, extension: bool, jobs: int) -> None:
+    """Run an RL experiment's runs (rl_runs), `jobs` at a time with one thread each, through record_decisions. A
+    finished run is read back and an interrupted one resumed (common.run_vapo), so the command can be run again."""
+    runs = rl_runs(name, seeds, out, extension)
+    print(f"{common.now()}, {common.machine()}: lab {name}, {len(runs)} runs, {jobs} at a time, into {out}",
+          flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda run: common.run_vapo(run[0], run[1], output_dir(run[1]), RECORD), runs))
+
+
 def print_rl_runs(name: str, seeds: list[int], out: str, extension: bool) -> list[tuple[str, list[str]]]:
     runs = rl_runs(name, seeds, out, extension)
-    print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result.")
+    print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result (--run runs them, "
+          "--report judges the finished ones).")
     if name == "value-pretraining-rl":
         print("  the critic is vapo.py's --critic-offset exact:OFFSET:SLOPE, a constructed reference critic "
               "V*_0 + b + h (docs/lab.md, experiment 1, part 2)")
     for label, options in runs:
         print(f"  # {label}\n  python vapo.py {shlex.join(options)}")
-    print("results: not run yet (docs/lab.md)")
+    print("results: not judged here (--report; docs/lab.md)")
     return runs
+
+
+# --- the RL experiments' judges: each seed's measures from its arms' run folders, then the written predictions -------
+def _eval_at(folder: str, step: int, key: str) -> float:
+    return next((r[key] for r in common.evaluations(common.read_records(folder)) if r.get("step") == step and key in r),
+                math.nan)
+
+
+CLIP_ARMS = ("0.2", "0.28", "0.4")
+
+
+def measure_clip_higher(arms: dict[str, str]) -> dict:
+    """One seed's clip-higher measures (docs/lab.md, experiment 4) from its three arms' decisions.jsonl and evaluations:
+    per arm the growth of the right digit's probability at decisions where the clip bound was reached (pooled over
+    steps), the share of pushed decisions that reached it, the rise of p(right) over the first 6 rollouts, the change
+    of entropy at borrow decisions over the first 3 and 6, avg@4 at step 6 and avg@4 / pass@4 at the end; and the
+    paired differences between arms the predictions name."""
+    m, curves = {}, {}
+    for e in CLIP_ARMS:
+        d = read_decisions(arms[f"eps_high {e}"])
+        steps = sorted(d)
+        binding = sum(d[k].get("binding", 0) for k in steps)
+        pushed = sum(d[k].get("pushed", 0) for k in steps)
+        m[f"{e}|growth_binding"] = (sum(d[k]["growth_binding"] * d[k]["binding"] for k in steps if d[k].get("binding"))
+                                    / binding if binding else math.nan)
+        m[f"{e}|growth_pushed"] = (sum(d[k]["growth_pushed"] * d[k]["pushed"] for k in steps if d[k].get("pushed"))
+                                   / pushed if pushed else math.nan)
+        m[f"{e}|binding_share"] = binding / pushed if pushed else math.nan
+        m[f"{e}|rise6"] = d[6]["p_right_after"] - d[1]["p_right_before"] if {1, 6} <= set(d) else math.nan
+        m[f"{e}|dH3"] = d[3]["entropy_after"] - d[1]["entropy_before"] if {1, 3} <= set(d) else math.nan
+        m[f"{e}|dH6"] = d[6]["entropy_after"] - d[1]["entropy_before"] if {1, 6} <= set(d) else math.nan
+        last = max(steps) if steps else 0
+        m[f"{e}|avg@4_6"] = _eval_at(arms[f"eps_high {e}"], 6, "eval/acc_avg@4")
+        m[f"{e}|avg@4_end"] = _eval_at(arms[f"eps_high {e}"], last, "eval/acc_avg@4")
+        m[f"{e}|pass@4_end"] = _eval_at(arms[f"eps_high {e}"], last, "eval/pass@4")
+        curves[e] = {"p_right": [d[k]["p_right_before"] for k in steps] + [d[last]["p_right_after"]] if steps else [],
+                     "entropy": [d[k]["entropy_before"] for k in steps] + [d[last]["entropy_after"]] if steps else [],
+                     "growth_binding": [d[k].get("growth_binding") for k in steps],
+                     "avg@4": [(r["step"], r["eval/acc_avg@4"]) for r in
+                               common.evaluations(common.read_records(arms[f"eps_high {e}"]))]}
+    for hi, lo in (("0.4", "0.28"), ("0.28", "0.2")):
+        m[f"rise6|{hi}-{lo}"] = m[f"{hi}|rise6"] - m[f"{lo}|rise6"]
+        m[f"avg@4_6|{hi}-{lo}"] = m[f"{hi}|avg@4_6"] - m[f"{lo}|avg@4_6"]
+    m["dH6|0.2-0.28"] = m["0.2|dH6"] - m["0.28|dH6"]
+    return {"measures": m, "curves": curves}
+
+
+def verdicts_clip_higher(s: dict) -> list[tuple[str, str]]:
+    out = [(f"1. eps_high {e}: the right digit grows by at most 1 + eps_high + 0.1 where the bound was reached",
+            judge(s[f"{e}|growth_binding"], hi=1 + float(e) + 0.1)) for e in CLIP_ARMS]
+    out.append(("1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2",
+                combine([judge(s["rise6|0.4-0.28"], lo=0), judge(s["rise6|0.28-0.2"], lo=0)])))
+    out.append(("2. entropy at borrow decisions rises over the first 3 rollouts (p(right) below 1/2), every arm",
+                combine([judge(s[f"{e}|dH3"], lo=0) for e in CLIP_ARMS])))
+    out.append(("2. the issue's: entropy at decisions falls faster at 0.2 than at 0.28 from the start (6 rollouts; "
+                "the page expects this to fail)", judge(s["dH6|0.2-0.28"], hi=0)))
+    out.append(("3. avg@4 at step 6 ordered 0.4 >= 0.28 >= 0.2",
+                combine([judge(s["avg@4_6|0.4-0.28"], lo=0), judge(s["avg@4_6|0.28-0.2"], lo=0)])))
+    return out
+
+
+def draw_clip_higher(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for i, e in enumerate(CLIP_ARMS):
+        for key, ax in (("p_right", axes[0]), ("entropy", axes[1])):
+            rows = [r["curves"][e][key] for r in results if r["curves"][e][key]]
+            if rows:
+                n = min(map(len, rows))
+                ax.plot(range(n), _mean([row[:n] for row in rows]), color=f"C{i}", label=f"eps_high {e}")
+        points = [dict(r["curves"][e]["avg@4"]) for r in results]
+        steps = sorted(set.intersection(*(set(p) for p in points))) if points else []
+        axes[2].plot(steps, [statistics.mean(p[k] for p in points) for k in steps], "o-", color=f"C{i}",
+                     label=f"eps_high {e}")
+    axes[0].set(title="p(right tens digit) at the batch's borrow decisions", xlabel="rollout (before its update)")
+    axes[1].set(title="entropy at the borrow decisions (nats)", xlabel="rollout (before its update)")
+    axes[2].set(title="held-out avg@4", xlabel="step")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"clip-higher (GRPO, 16 optimizer steps a rollout), mean of {len(results)} seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# The final policies of the long-chain experiments, judged on held-out problems, cached in their run folder
+PROFILE = "lab-profile.json"
+PROFILE_PROBLEMS = 200  # held-out long-chain problems (five per step count), one sample each at temperature 1
+
+
+def profile(folder: str, cache: str | None = None) -> dict:
+    """A policy (a run folder's final checkpoint, or a shipped model's name) on PROFILE_PROBLEMS held-out long-chain
+    problems, one sample each at temperature 1 from a fixed seed (task.evaluate_accuracy), by step band: accuracy,
+    mean length in tokens, the habit (per borrow step: its rate, and its counts), misread lookups (per step), and
+    the share of responses whose first error is an early answer line ("early", task.first_error_kind); and the
+    lookup rate on 27-40 steps, where the terms are labelled A-N. Cached in cache (default: the run folder's
+    lab-profile.json)."""
+    cache = cache or os.path.join(folder, PROFILE)
+    if os.path.exists(cache):
+        return common.read_json(cache)
+    model, tokenizer = common.load_policy(policy_path(folder), dtype=torch.float32)
+    rows = task.make_dataset(PROFILE_PROBLEMS, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
+    subsets = {band: [r for r in rows if task.band_of(r["n_steps"]) == band] for band in STEP_BANDS}
+    subsets["27-40"] = [r for r in rows if r["n_steps"] >= 27]
+    out = {}
+    for name, problems in subsets.items():
+        torch.manual_seed(0)
+        acc = task.evaluate_accuracy(model, tokenizer, problems, 1.0, max_new_tokens=task.LONG.max_response_tokens,
+                                     batch_size=64)
+        steps = acc["steps"]
+        out[name] = {"accuracy": acc["accuracy"], "mean_tokens": acc["mean_tokens"], "habit_rate": steps["habit_rate"],
+                     "habit": steps["habit"], "borrow": steps["borrow"], "lookup_rate": steps["lookup_rate"],
+                     "early": acc["first_errors"]["early"]}
+    common.write_json(cache, out)
+    return out
+
+
+def _pooled_habit(p: dict, bands) -> float:
+    return sum(p[b]["habit"] for b in bands) / max(sum(p[b]["borrow"] for b in bands), 1)
+
+
+SHORT, LONG_BANDS = ("1-10", "11-20"), ("21-30", "31-40")
+
+
+def measure_token_level(arms: dict[str, str], base: dict) -> dict:
+    """One seed's token-level measures (docs/lab.md, experiment 5): per arm the habit's decline from the base by band
+    (held-out, profile), the batches' borrow decisions by band (exposures, from decisions.jsonl), the long bands'
+    decline per exposure over the short bands' (21-40 against 1-20 steps, pooled), the overall decline, and misreads
+    at 27-40 steps; and the arms' paired differences."""
+    m = {}
+    for key, label in (("per-sample", "per-sample loss"), ("token-level", "token-level loss")):
+        final, d = profile(arms[label]), read_decisions(arms[label])
+        exposures = {b: sum(r.get(f"exposures|{b}", 0) for r in d.values()) for b in STEP_BANDS}
+        for b in STEP_BANDS:
+            m[f"{key}|decline|{b}"] = base[b]["habit_rate"] - final[b]["habit_rate"]
+            m[f"{key}|exposures|{b}"] = exposures[b]
+        per = [(_pooled_habit(base, bands) - _pooled_habit(final, bands)) / max(sum(exposures[b] for b in bands), 1)
+               for bands in (SHORT, LONG_BANDS)]
+        m[f"{key}|long_over_short"] = per[1] / per[0] if per[0] > 0 else math.nan
+        m[f"{key}|decline"] = _pooled_habit(base, STEP_BANDS) - _pooled_habit(final, STEP_BANDS)
+        m[f"{key}|lookup_27_40"] = final["27-40"]["lookup_rate"]
+    m["decline|per-sample-token-level"] = m["per-sample|decline"] - m["token-level|decline"]
+    m["lookup_27_40|per-sample-token-level"] = m["per-sample|lookup_27_40"] - m["token-level|lookup_27_40"]
+    return {"measures": m}
+
+
+def verdicts_token_level(s: dict) -> list[tuple[str, str]]:
+    ratio = {k: s[f"{k}|long_over_short"] for k in ("per-sample", "token-level")}
+    issue = ratio["per-sample"][0] < 0.5 and ratio["token-level"][0] >= 0.8
+    return [("1. long bands' (21-40) habit decline per exposure >= 0.7 of the short bands' (1-20), both arms",
+             "falsified" if issue else combine([judge(ratio[k], lo=0.7) for k in ratio])),
+            ("2. the habit falls at least as fast overall under the per-sample loss",
+             judge(s["decline|per-sample-token-level"], lo=0)),
+            ("3. misreads at 27-40 steps: the two losses not separated", _null(s["lookup_27_40|per-sample-token-level"]))]
+
+
+def _null(stat) -> str:
+    """A prediction of no difference: confirmed when the difference is within 2 SE of 0, falsified when not."""
+    verdict = judge(stat, 0, 0)
+    return "not measured" if verdict == "not measured" else "falsified" if verdict == "falsified" else "confirmed"
+
+
+P_BASE = {"1-10": 0.71, "11-20": 0.22, "21-30": 0.04, "31-40": 0.005}  # docs/lab.md experiment 6's arithmetic
+GS_ARMS = (("2", "GRPO 32 prompts x 2"), ("8", "GRPO 8 prompts x 8"), ("32", "GRPO 2 prompts x 32"))
+
+
+def measure_group_sampling(arms: dict[str, str], base: dict) -> dict:
+    """One seed's group-sampling measures (docs/lab.md, experiment 6): per arm the logged share of groups whose
+    rewards are all equal at step 1 and the arithmetic's (p^G + (1 - p)^G at the base's p of each sample's band,
+    over the batch's bands, from decisions.jsonl), avg@2 and pass@2 at the end; with --extension VAPO at G = 1 and 8."""
+    m = {}
+    for g, label in GS_ARMS:
+        records = common.rl_steps(common.read_records(arms[label]))
+        rows = read_decisions(arms[label]).get(1, {})
+        n = sum(rows.get(f"rows|{b}", 0) for b in STEP_BANDS)
+        G = int(g)
+        predicted = (sum(rows.get(f"rows|{b}", 0) * (P_BASE[b] ** G + (1 - P_BASE[b]) ** G) for b in STEP_BANDS) / n
+                     if n else math.nan)
+        m[f"{g}|all_same_1"] = records[0]["groups_all_same"] if records else math.nan
+        m[f"{g}|all_same_1_predicted"] = predicted
+        m[f"{g}|all_same_1_miss"] = m[f"{g}|all_same_1"] - predicted
+        _end(m, g, arms[label])
+    m["avg@2|8-2"] = m["8|avg@2_end"] - m["2|avg@2_end"]
+    m["avg@2|32-8"] = m["32|avg@2_end"] - m["8|avg@2_end"]
+    if "VAPO 8 prompts x 8" in arms:
+        for key, label in (("vapo8", "VAPO 8 prompts x 8"), ("vapo1", "VAPO 64 prompts x 1")):
+            _end(m, key, arms[label])
+        m["avg@2|vapo8-vapo1"] = m["vapo8|avg@2_end"] - m["vapo1|avg@2_end"]
+    return {"measures": m}
+
+
+def _end(m: dict, key: str, folder: str) -> None:
+    """avg@2 and pass@2 at the run's first and last evaluations into m."""
+    evals = common.evaluations(common.read_records(folder))
+    for name in ("acc_avg@2", "pass@2"):
+        short = name.removeprefix("acc_")
+        m[f"{key}|{short}_start"] = evals[0].get(f"eval/{name}", math.nan) if evals else math.nan
+        m[f"{key}|{short}_end"] = evals[-1].get(f"eval/{name}", math.nan) if evals else math.nan
+
+
+def verdicts_group_sampling(s: dict) -> list[tuple[str, str]]:
+    out = [("1. step 1's share of all-equal groups within 0.1 of the arithmetic, every G",
+            combine([judge(s[f"{g}|all_same_1_miss"], -0.1, 0.1) for g, _ in GS_ARMS])),
+           ("2. avg@2 at the end: G = 8 above G = 2", judge(s["avg@2|8-2"], lo=0)),
+           ("2. G = 32 against G = 8 (no prediction: recorded)", "not judged")]
+    if "avg@2|vapo8-vapo1" in s:
+        out.append(("3. VAPO at G = 1 and G = 8 not separated", _null(s["avg@2|vapo8-vapo1"])))
+    return out
+
+
+def policy_path(folder: str) -> str:
+    """A run folder's final policy (its checkpoint), or a shipped model's folder for its name."""
+    checkpoint = os.path.join(folder, "checkpoint", "policy")
+    return checkpoint if os.path.isdir(checkpoint) else folder_of(folder)
+
+
+def decision_entropy(folder: str, ref: dict, cache: str | None = None) -> float:
+    """Mean entropy of a run's final policy (or a shipped model's) at the borrow decisions of a fixed set of the base's
+    responses (ref: {"rollout", "decisive"} of common.sample_set), cached in cache (default: the run folder's
+    lab-entropy.json)."""
+    cache = cache or os.path.join(folder, "lab-entropy.json")
+    if os.path.exists(cache):
+        return common.read_json(cache)["entropy_at_decisions"]
+    model, _ = common.load_policy(policy_path(folder), dtype=torch.float32)
+    entropies = []
+    with torch.no_grad():
+        for k in range(0, ref["rollout"].B, 16):
+            part = ref["rollout"].select(slice(k, k + 16))
+            _, entropy = response_logprobs(model.eval(), part, 1.0, with_entropy=True)
+            entropies.append(entropy[ref["decisive"][k:k + 16, :part.T]])
+    value = float(torch.cat(entropies).mean())
+    common.write_json(cache, {"entropy_at_decisions": value})
+    return value
+
+
+def measure_nll(arms: dict[str, str], base: dict) -> dict:
+    """One seed's nll measures (docs/lab.md, experiment 7): per arm the final policy's entropy at the borrow decisions
+    of a fixed set of the base's responses, its fall from the base's, avg@2 and pass@2 gains from the first to the
+    last evaluation, and the change of pass@2 - avg@2; the NLL arm's differences from GRPO's."""
+    m = {}
+    for key, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1")):
+        if label not in arms:
+            continue
+        m[f"{key}|entropy_fall"] = base["entropy_at_decisions"] - decision_entropy(arms[label], base["ref"])
+        _end(m, key, arms[label])
+        m[f"{key}|avg@2_gain"] = m[f"{key}|avg@2_end"] - m[f"{key}|avg@2_start"]
+        m[f"{key}|gap_change"] = ((m[f"{key}|pass@2_end"] - m[f"{key}|avg@2_end"])
+                                  - (m[f"{key}|pass@2_start"] - m[f"{key}|avg@2_start"]))
+    for name in ("entropy_fall", "avg@2_gain", "gap_change"):
+        m[f"{name}|nll-grpo"] = m[f"nll|{name}"] - m[f"grpo|{name}"]
+    return {"measures": m}
+
+
+def verdicts_nll(s: dict) -> list[tuple[str, str]]:
+    return [("1. entropy at borrow decisions falls more with the NLL", judge(s["entropy_fall|nll-grpo"], lo=0)),
+            ("2. avg@2 gains at least 5 points more with the NLL", judge(s["avg@2_gain|nll-grpo"], lo=0.05)),
+            ("2. pass@2 - avg@2 shrinks more with the NLL (sharpening)", judge(s["gap_change|nll-grpo"], hi=0))]
+
+
+VP_ARMS = (("falling", "falling slope -0.5, no value pretraining"), ("pretrained", "falling slope -0.5, value "
+           "pretraining"), ("control", "V* alone (control)"))
+
+
+def measure_value_pretraining_rl(arms: dict[str, str], base: dict) -> dict:
+    """One seed's value-pretraining-rl measures (docs/lab.md, experiment 1, part 2): per arm the final policy's mean
+    response length on 21-40-step problems relative to the base's, and its share of early answer lines there
+    (held-out, profile); the arms' paired differences."""
+    m = {}
+    base_len = (base["21-30"]["mean_tokens"] + base["31-40"]["mean_tokens"]) / 2
+    for key, label in VP_ARMS:
+        final = profile(arms[label])
+        m[f"{key}|length_change_21_40"] = (final["21-30"]["mean_tokens"] + final["31-40"]["mean_tokens"]) / 2 / \
+            base_len - 1
+        m[f"{key}|early_21_40"] = (final["21-30"]["early"] + final["31-40"]["early"]) / 2
+    m["length|falling-control"] = m["falling|length_change_21_40"] - m["control|length_change_21_40"]
+    m["length|pretrained-control"] = m["pretrained|length_change_21_40"] - m["control|length_change_21_40"]
+    return {"measures": m}
+
+
+def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
+    return [("falling bias, no value pretraining: 21-40-step responses at least 30% shorter than the base's",
+             judge(s["falling|length_change_21_40"], hi=-0.3)),
+            ("... and shorter than the control's", judge(s["length|falling-control"], hi=0)),
+            ("with value pretraining: within 10% of the control's length",
+             judge(s["length|pretrained-control"], -0.1, 0.1))]
+
+
+def draw_bars(results: list[dict], path: str, title: str) -> None:
+    """The seeds' mean of each measure (one bar each, SE over seeds as error bars): the experiments without a
+    curve of their own."""
+    plt = _pyplot()
+    keys = list(results[0]["measures"])
+    stats = summarise(results)
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(keys)), 4))
+    ax.bar(range(len(keys)), [stats[k][0] for k in keys], yerr=[stats[k][1] for k in keys], color="C0")
+    ax.set_xticks(range(len(keys)), keys, rotation=70, ha="right", fontsize=6)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_title(f"{title}: mean of {len(results)} seeds (+- SE)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+RL_JUDGES = {"clip-higher": (measure_clip_higher, verdicts_clip_higher, draw_clip_higher),
+             "token-level": (measure_token_level, verdicts_token_level, None),
+             "group-sampling": (measure_group_sampling, verdicts_group_sampling, None),
+             "nll": (measure_nll, verdicts_nll, None),
+             "value-pretraining-rl": (measure_value_pretraining_rl, verdicts_value_pretraining_rl, None)}
+
+
+def rl_base(name: str, out: str) -> dict:
+    """What an experiment's measures compare against, made once: the base policy's profile (long chains), and for
+    nll the base's responses and its entropy at their borrow decisions."""
+    if name == "clip-higher":
+        return {}
+    base = {**profile("builtin-long", cache=os.path.join(out, "base-" + PROFILE))}
+    if name == "nll":
+        _, rollout, _, decisive = sample_set("builtin-long", 100, 2, 0)
+        ref = {"rollout": rollout, "decisive": decisive}
+        base |= {"ref": ref, "entropy_at_decisions": decision_entropy("builtin-long", ref,
+                                                                      os.path.join(out, "base-lab-entropy.json"))}
+    return base
+
+
+def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | None:
+    """Judge an RL experiment's finished runs: each seed whose arms all finished gives its measures; their mean and
+    SE over seeds are judged against docs/lab.md's written predictions, into NAME.json and NAME.png in out."""
+    if name not in RL_JUDGES:
+        print(f"{name}: no judge yet (docs/lab.md: left to do)")
+        return None
+    measure, verdicts_of, draw = RL_JUDGES[name]
+    per_seed, missing, base = [], [], None
+    for seed in seeds:
+        arms = {label.rsplit(", seed ", 1)[0]: output_dir(options) for label, options in
+                rl_runs(name, [seed], out, extension)}
+        unfinished = [f for f in arms.values() if not common.finished(f)]
+        if unfinished:
+            missing += unfinished
+            continue
+        if base is None:
+            base = rl_base(name, out)
+        result = measure(arms) if name == "clip-higher" else measure(arms, base)
+        result.update(seed=seed, wall_seconds={label: _wall(f) for label, f in arms.items()})
+        per_seed.append(result)
+    if missing:
+        print(f"not finished (left out with their seed): {', '.join(missing)}")
+    if not per_seed:
+        return None
+    stats = summarise(per_seed)
+    verdicts = verdicts_of(stats)
+    note = "one seed: no standard error" if len(per_seed) < 2 else ""
+    summary = {"name": name, "date": common.now(), "machine": common.machine(),
+               "seeds": [r["seed"] for r in per_seed], "note": note, "per_seed": per_seed,
+               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
+    common.write_json(os.path.join(out, f"{name}.json"), summary)
+    if draw is None:
+        draw_bars(per_seed, os.path.join(out, f"{name}.png"), name)
+    else:
+        draw(per_seed, os.path.join(out, f"{name}.png"))
+    print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")
+    for text, verdict in verdicts:
+        print(f"  {verdict:>14}  {text}")
+    print(f"figures and records: {out}")
+    return summary
+
+
+def _wall(folder: str) -> float | None:
+    try:
+        with open(os.path.join(folder, "wall_seconds")) as fh:
+            return float(fh.read())
+    except (OSError, ValueError):
+        return None
 
 
 # --- the command line -----------------------------------------------------------------------------------------------
@@ -709,9 +1211,19 @@ def main(argv=None):
     ap.add_argument("--bias", default="0.5:0", help="decoupled-gae: OFFSET:SLOPE")
     ap.add_argument("--critics", nargs="+", default=list(LA_CRITICS), help="length-adaptive")
     ap.add_argument("--extension", action="store_true", help="RL experiments: also the page's extension arms")
+    ap.add_argument("--run", action="store_true", help="RL experiments: run them (resumable), then judge them")
+    ap.add_argument("--report", action="store_true", help="RL experiments: run nothing, judge the finished runs")
+    ap.add_argument("--jobs", type=int, default=2, help="RL experiments: runs at a time, one thread each")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:  # one run of vapo.py with the per-update decision record (run_rl starts these)
+        return record_decisions(argv[1:])
     args = ap.parse_args(argv)
     out = args.out or os.path.join(common.ROOT, "runs", "lab", args.name)
     if args.name in RL:
+        if args.run:
+            run_rl(args.name, args.seeds, out, args.extension, args.jobs)
+        if args.run or args.report:
+            return report_rl(args.name, args.seeds, out, args.extension)
         return print_rl_runs(args.name, args.seeds, out, args.extension)
     torch.set_num_threads(1)
     run, draw = ANALYSES[args.name]

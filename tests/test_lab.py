@@ -222,7 +222,7 @@ def test_the_rl_experiments_print_runs_of_vapo_py_and_claim_nothing(capsys):
                     seen.add(key)
     assert seen == set(checks)
     out = capsys.readouterr().out
-    assert "runs none of them and claims no result" in out and "not run yet" in out
+    assert "runs none of them and claims no result" in out and "not judged here" in out
     assert "--critic-offset" in out and "does not have" not in out
 
 
@@ -391,3 +391,158 @@ def test_critic_offset_on_the_command_line():
             vapo.config_from_args([*argv, "--critic-offset", "exact:0:-0.5"])
     help_text = config.build_parser(vapo.Config, vapo.ALGORITHMS).format_help()
     assert "constructed reference critic" in " ".join(help_text.split())
+
+
+# --- the RL experiments' per-update record (bench/lab.py record) and their judge -----------------------------------
+def test_the_decision_table_reads_the_right_digits_probability(tiny_policy, tokenizer):
+    """At a borrow line's tens digit ("12 b-5=17": the habit wrote 1, the right digit is 0) the table holds log pi of
+    the right digit and of the sampled one at that position, computed here by a forward pass written out."""
+    from rollout import rollout_from_tokens
+    assert task.borrow_decisions("12 b-5=17\n20 c+3=23") == [(7, "0")]
+    eos = tokenizer.eos_token_id
+    prompt = tokenizer.encode("Compute: 12 b-5 c+3\n", add_special_tokens=False)
+    response = tokenizer.encode("12 b-5=17\n", add_special_tokens=False) + [eos]
+    rollout = rollout_from_tokens([prompt], [response], [[0.0] * len(response)], 1, [eos], tokenizer.pad_token_id,
+                                  tokenizer, "cpu")
+    table = lab.decision_table(tiny_policy, rollout, tokenizer, 1.0)
+    assert table["rows"].tolist() == [0] and table["cols"].tolist() == [7] and table["right"].tolist() == [False]
+    with torch.no_grad():
+        logits = tiny_policy(torch.tensor([prompt + response[:7]])).logits[0, -1].log_softmax(-1)
+    zero, one = (tokenizer.encode(d, add_special_tokens=False)[0] for d in "01")
+    assert float(table["lp_right"][0]) == pytest.approx(float(logits[zero]), abs=1e-5)
+    assert float(table["lp_sampled"][0]) == pytest.approx(float(logits[one]), abs=1e-5)
+    assert float(table["entropy"][0]) == pytest.approx(float(-(logits.exp() * logits).sum()), abs=1e-5)
+
+
+def test_a_decision_is_pushed_when_right_with_a_positive_advantage_and_binding_at_the_bound():
+    """pushed = the right digit sampled and a positive advantage; binding = pushed with pi_new / pi_old >= 1 + eps_high;
+    growth = p_after(right) / p_before(right); exposures and the habit's samples counted by band."""
+    log = lambda xs: torch.tensor(xs).log()  # noqa: E731
+    before = {"rows": torch.tensor([0, 0, 1, 2]), "cols": torch.tensor([3, 9, 3, 5]),
+              "right": torch.tensor([True, True, False, True]), "lp_right": log([0.3, 0.5, 0.2, 0.4]),
+              "lp_sampled": log([0.3, 0.5, 0.8, 0.4]), "entropy": torch.tensor([0.6, 0.7, 0.5, 0.6])}
+    after = dict(before, lp_right=log([0.39, 0.55, 0.3, 0.6]), lp_sampled=log([0.39, 0.55, 0.7, 0.6]))
+    advantages = torch.zeros(3, 10)
+    advantages[0] = 1.0
+    advantages[2] = -1.0
+    r = lab.decision_record(before, after, advantages, ["1-10", "31-40", "31-40"], eps_high=0.28)
+    assert (r["decisions"], r["pushed"], r["binding"]) == (4, 2, 1)  # 0.39 / 0.3 = 1.3 >= 1.28; 0.55 / 0.5 = 1.1
+    assert r["growth_binding"] == pytest.approx(1.3) and r["growth_pushed"] == pytest.approx((1.3 + 1.1) / 2)
+    assert r["p_right_before"] == pytest.approx(0.35) and r["sampled_right"] == 0.75
+    assert (r["exposures|1-10"], r["habit|1-10"], r["exposures|31-40"], r["habit|31-40"]) == (2, 0, 2, 1)
+
+
+def test_record_writes_each_rl_steps_decisions_and_leaves_the_trainer_as_it_is(tmp_path, monkeypatch):
+    """`bench/lab.py record -- OPTIONS` is vapo.py's run with one line per RL step in decisions.jsonl (the shipped demo
+    base model writes borrow lines, so the batch has decisions); without --output-dir it refuses."""
+    monkeypatch.setattr(vapo, "rl_step", vapo.rl_step)  # the wrapper replaces these for its process: put them back
+    monkeypatch.setattr(vapo, "update", vapo.update)
+    with pytest.raises(SystemExit, match="--output-dir"):
+        lab.main(["record", "--", "--steps", "1"])
+    run = str(tmp_path / "run")
+    lab.main(["record", "--", "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4",
+              "--mini-batch-size", "4", "--micro-batch-size", "4", "--eval-every", "0", "--eval-prompts", "2",
+              "--eval-samples", "1", "--save-every", "0", "--output-dir", run])
+    records = lab.read_decisions(run)
+    assert sorted(records) == [1, 2]
+    assert all(r["decisions"] > 0 and 0 < r["p_right_before"] < 1 and r["pushed"] >= r["binding"] >= 0
+               for r in records.values())
+
+
+def test_the_clip_higher_judge_reads_the_arms_and_orders_them(tmp_path):
+    """On made-up run folders whose records say eps_high 0.4 raised p(right) most and 0.2 least, the judge confirms
+    the order (three seeds, differences of 0.1 with no spread), reads growth at binding decisions pooled over steps,
+    and writes its json and figure."""
+    import json
+    out = str(tmp_path)
+    for seed in (0, 1, 2):
+        for label, options in lab.rl_runs("clip-higher", [seed], out):
+            e = float(label.split()[1].rstrip(","))
+            folder = lab.output_dir(options)
+            os.makedirs(folder)
+            with open(os.path.join(folder, "config.json"), "w") as fh:
+                json.dump({"steps": 12}, fh)
+            with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+                for step, acc in ((0, 0.3), (6, 0.3 + e), (12, 0.4 + e)):
+                    fh.write(json.dumps({"step": step, "eval/acc_greedy": 0.5, "eval/acc_avg@4": acc,
+                                         "eval/pass@4": 0.9}) + "\n")
+            with open(os.path.join(folder, lab.DECISIONS), "w") as fh:
+                for step in range(1, 13):
+                    fh.write(json.dumps({"step": step, "decisions": 10, "p_right_before": 0.3 + e * (step - 1) / 5,
+                                         "p_right_after": 0.3 + e * step / 5, "entropy_before": 0.6 + 0.01 * step,
+                                         "entropy_after": 0.61 + 0.01 * step, "pushed": 4, "binding": 2,
+                                         "growth_binding": 1 + e, "growth_pushed": 1.1}) + "\n")
+    summary = lab.report_rl("clip-higher", [0, 1, 2], out, extension=False)
+    verdicts = dict((text, v) for text, v in summary["verdicts"])
+    assert verdicts["1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2"] == "confirmed"
+    assert summary["mean_se"]["0.4|growth_binding"] == pytest.approx([1.4, 0.0])
+    assert summary["mean_se"]["0.28|rise6"][0] == pytest.approx(0.28 * 6 / 5)
+    assert os.path.exists(os.path.join(out, "clip-higher.png")) and os.path.exists(os.path.join(out, "clip-higher.json"))
+
+
+def _fake_run(folder: str, steps: int, evals: list[dict], decisions: list[dict], step_records: list[dict]) -> None:
+    import json
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"steps": steps}, fh)
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+        for r in step_records + evals:
+            fh.write(json.dumps(r) + "\n")
+    with open(os.path.join(folder, lab.DECISIONS), "w") as fh:
+        for r in decisions:
+            fh.write(json.dumps(r) + "\n")
+
+
+@pytest.mark.parametrize("name", ["token-level", "group-sampling", "nll", "value-pretraining-rl"])
+def test_the_long_chain_judges_read_their_arms(name, tmp_path, monkeypatch):
+    """Each long-chain experiment's judge on made-up finished runs (profiles and entropies given, not measured): the
+    measures are the differences the page's predictions name, worked by hand here, and the verdicts follow."""
+    out = str(tmp_path)
+    bands = lab.STEP_BANDS
+    base = {b: {"accuracy": 0.5, "mean_tokens": 200.0, "habit_rate": 0.6, "habit": 60, "borrow": 100,
+                "lookup_rate": 0.1, "early": 0.0} for b in (*bands, "27-40")}
+
+    def final(folder):  # the per-sample arm halves the habit everywhere, the token-level arm takes a third off
+        f = {b: dict(v) for b, v in base.items()}
+        cut = 0.5 if "per-sample" in folder else 1 / 3
+        for b in bands:
+            f[b].update(habit_rate=0.6 * (1 - cut), habit=60 * (1 - cut))
+            f[b]["mean_tokens"] = 100.0 if "no-value-pretraining" in folder else 190.0
+            f[b]["early"] = 0.4 if "no-value-pretraining" in folder else 0.0
+        return f
+    monkeypatch.setattr(lab, "profile", lambda folder, cache=None: base if cache else final(folder))
+    monkeypatch.setattr(lab, "decision_entropy", lambda folder, ref, cache=None: 0.6 if cache else
+                        (0.2 if "nll-mu-3" in folder else 0.5))
+    monkeypatch.setattr(lab, "sample_set", lambda *a: (None, None, None, None))
+    for seed in (0, 1, 2):
+        for label, options in lab.rl_runs(name, [seed], out, extension=True):
+            G = int(label.split(" x ")[1].split(",")[0]) if " x " in label else 8
+            nll = "NLL mu 3" in label
+            evals = [{"step": 0, "eval/acc_greedy": 0.5, "eval/acc_avg@2": 0.3, "eval/pass@2": 0.5},
+                     {"step": 16, "eval/acc_greedy": 0.5, "eval/acc_avg@2": 0.5 if nll else 0.35 + 0.01 * G,
+                      "eval/pass@2": 0.6}]
+            rows = {f"rows|{b}": 16 for b in bands}
+            decisions = [{"step": s, "decisions": 40, **rows, **{f"exposures|{b}": 10 * (i + 1) for i, b in
+                                                                 enumerate(bands)}} for s in range(1, 17)]
+            all_same = sum(lab.P_BASE[b] ** G + (1 - lab.P_BASE[b]) ** G for b in bands) / 4
+            steps = [{"step": s, "train_acc": 0.3, "groups_all_same": all_same} for s in range(1, 17)]
+            _fake_run(lab.output_dir(options), 16, evals, decisions, steps)
+    summary = lab.report_rl(name, [0, 1, 2], out, extension=True)
+    s, verdicts = summary["mean_se"], dict(summary["verdicts"])
+    if name == "token-level":  # exposures 30 at 1-20 and 70 at 21-40, the same decline: 30/70 of the short bands'
+        assert s["per-sample|long_over_short"][0] == pytest.approx(3 / 7)
+        assert s["decline|per-sample-token-level"][0] == pytest.approx(0.3 - 0.2)
+        assert verdicts["2. the habit falls at least as fast overall under the per-sample loss"] == "confirmed"
+    elif name == "group-sampling":
+        assert s["8|all_same_1_miss"][0] == pytest.approx(0, abs=1e-9)
+        assert s["avg@2|8-2"][0] == pytest.approx(0.06)
+        assert verdicts["2. avg@2 at the end: G = 8 above G = 2"] == "confirmed"
+    elif name == "nll":
+        assert s["entropy_fall|nll-grpo"][0] == pytest.approx(0.3)
+        assert s["avg@2_gain|nll-grpo"][0] == pytest.approx(0.2 - 0.13)
+        assert verdicts["1. entropy at borrow decisions falls more with the NLL"] == "confirmed"
+    else:
+        assert s["falling|length_change_21_40"][0] == pytest.approx(-0.5)
+        assert s["length|pretrained-control"][0] == pytest.approx(0)
+        assert all(v == "confirmed" for v in verdicts.values())
+    assert os.path.exists(os.path.join(out, f"{name}.png"))
