@@ -654,6 +654,113 @@ def summarise(per_seed: list[dict]) -> Stats:
     return out
 
 
+# --- the RL experiments' per-update record: the borrow decisions of each batch, before and after its update -------
+DECISIONS = "decisions.jsonl"  # in the run folder of `bench/lab.py record -- VAPO.PY OPTIONS`, one line per RL step
+
+
+def decision_table(policy, rollout, tokenizer, temperature: float) -> dict[str, torch.Tensor]:
+    """Every borrow decision of the batch (task.borrow_decisions: the tens digit of a borrow step's line, where the
+    habit forgets the borrow) under `policy`: rows, cols [n] (row b, response token t), "right" [n] bool (the sample
+    wrote the right digit there), "lp_right" [n] log pi(the right digit | the sampled prefix), "lp_sampled" [n]
+    log pi(the sampled token | prefix), "entropy" [n] of the decision. The right digit's log-prob is read by
+    scoring a copy of the batch with that one token swapped in (the prefix, hence the decision's state, is the
+    same). Decisions on tokens that are not one character are left out (the built-in tokenizer's never are)."""
+    rows, cols, right_ids, right = [], [], [], []
+    for b, text in enumerate(rollout.texts):
+        ends = token_ends(tokenizer, rollout, b)
+        for char, digit in task.borrow_decisions(text):
+            t = int((ends <= char).sum())  # the token whose text covers that character
+            if t >= len(ends) or int(ends[t]) - (int(ends[t - 1]) if t else 0) != 1:
+                continue
+            ids = tokenizer.encode(digit, add_special_tokens=False)
+            rows.append(b), cols.append(t), right_ids.append(ids[0]), right.append(text[char] == digit)
+    rows, cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+    swapped = rollout.response_ids.clone()
+    swapped[rows, cols] = torch.tensor(right_ids, dtype=torch.long)
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        lp, entropy = response_logprobs(policy, rollout, temperature, with_entropy=True)  # [B, T]
+        lp_right, _ = response_logprobs(policy, dataclasses.replace(rollout, response_ids=swapped), temperature)
+    policy.train(was_training)
+    return {"rows": rows, "cols": cols, "right": torch.tensor(right, dtype=torch.bool),
+            "lp_right": lp_right[rows, cols], "lp_sampled": lp[rows, cols], "entropy": entropy[rows, cols]}
+
+
+def decision_record(before: dict, after: dict, advantages: torch.Tensor, bands: list[str] | None,
+                    eps_high: float) -> dict:
+    """One step's record of its borrow decisions, before and after the update. "pushed": the sample wrote the right
+    digit and its advantage is positive (what PPO raises, and the upper clip caps); "binding": pushed decisions whose
+    ratio pi_new / pi_old ended at or past 1 + eps_high (the clip bound was reached: the update's last mini-batches
+    gave them no gradient). growth = p_after(right) / p_before(right). bands: each row's step band (exposures and the
+    habit's share of samples per band), or None."""
+    n = len(before["rows"])
+    out = {"decisions": n}
+    if n == 0:
+        return out | ({f"rows|{band}": sum(b == band for b in bands) for band in STEP_BANDS} if bands else {})
+    p0, p1 = before["lp_right"].exp(), after["lp_right"].exp()
+    growth = p1 / p0.clamp(min=1e-12)
+    ratio = (after["lp_sampled"] - before["lp_sampled"]).exp()
+    pushed = before["right"] & (advantages[before["rows"], before["cols"]] > 0)
+    binding = pushed & (ratio >= 1 + eps_high - 1e-6)
+    out |= {"p_right_before": p0.mean().item(), "p_right_after": p1.mean().item(),
+            "entropy_before": before["entropy"].mean().item(), "entropy_after": after["entropy"].mean().item(),
+            "sampled_right": before["right"].float().mean().item(), "pushed": int(pushed.sum()),
+            "binding": int(binding.sum()),
+            "growth_pushed": growth[pushed].mean().item() if pushed.any() else None,
+            "growth_binding": growth[binding].mean().item() if binding.any() else None,
+            "growth_max": growth[pushed].max().item() if pushed.any() else None}
+    if bands is not None:
+        for band in STEP_BANDS:
+            out[f"rows|{band}"] = sum(b == band for b in bands)  # the batch's samples by their problem's band
+            here = torch.tensor([bands[int(b)] == band for b in before["rows"]], dtype=torch.bool)
+            out[f"exposures|{band}"] = int(here.sum())
+            out[f"habit|{band}"] = int((here & ~before["right"]).sum())
+    return out
+
+
+def record_decisions(argv: list[str]) -> None:
+    """`python bench/lab.py record -- VAPO.PY OPTIONS`: vapo.py's own run, unchanged, with one record more: around each
+    RL step's update (vapo.update, which this wraps) the batch's borrow decisions are scored before and after
+    (decision_table), one line per step in the run folder's decisions.jsonl (a resumed run writes its redone steps
+    again: a reader keeps each step's last line). Needs --output-dir (or --resume). Costs two no-grad forward passes
+    of the batch a step."""
+    argv = argv[1:] if argv and argv[0] == "--" else argv
+    cfg, resume, _ = vapo.config_from_args(argv)
+    if not (cfg.output_dir or resume):
+        raise SystemExit("bench/lab.py record: give vapo.py's --output-dir (the record goes into the run folder)")
+    if cfg.dataset not in ("builtin", "builtin-long"):
+        raise SystemExit(f"bench/lab.py record: the built-in task's borrow decisions only (--dataset {cfg.dataset})")
+    rl_step, update, state = vapo.rl_step, vapo.update, {}
+
+    def rl_step_recorded(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs):
+        prompts = vapo.step_prompts(rows, step, cfg)
+        state.update(step=step + 1, tokenizer=engine.tokenizer, folder=cfg.output_dir,
+                     bands=None if cfg.dynamic_sampling else [task.band_of(p["n_steps"]) for p in prompts])
+        return rl_step(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs)
+
+    def update_recorded(policy, critic, optimizers, rollout, batch, cfg, train_policy=True):
+        if not train_policy or "step" not in state:  # value pretraining: the policy does not move
+            return update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
+        before = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
+        out = update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
+        after = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
+        bands = None if state["bands"] is None else [state["bands"][int(i)] for i in rollout.prompt_index]
+        eps_high = cfg.eps_high if cfg.clip_higher else cfg.eps_low
+        record = {"step": state["step"], **decision_record(before, after, batch["advantages"], bands, eps_high)}
+        with open(os.path.join(state["folder"], DECISIONS), "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return out
+
+    vapo.rl_step, vapo.update = rl_step_recorded, update_recorded
+    vapo.main(argv)
+
+
+def read_decisions(folder: str) -> dict[int, dict]:
+    """{step: its last record} of a run folder's decisions.jsonl ({} without one)."""
+    return {r["step"]: r for r in read_jsonl(os.path.join(folder, DECISIONS))}
+
+
 # --- the RL experiments: the runs they will make (nothing is run or claimed here) ----------------------------------
 def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> list[tuple[str, list[str]]]:
     """(label, vapo.py options) of each run of an RL experiment of docs/lab.md, per seed. Sizes are the page's
