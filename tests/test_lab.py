@@ -546,3 +546,13 @@ def test_the_long_chain_judges_read_their_arms(name, tmp_path, monkeypatch):
         assert s["length|pretrained-control"][0] == pytest.approx(0)
         assert all(v == "confirmed" for v in verdicts.values())
     assert os.path.exists(os.path.join(out, f"{name}.png"))
+
+
+def test_a_difference_is_judged_on_each_seeds_own_difference():
+    """Two measures equal on every seed differ by 0 +- 0 (paired), though each varies over seeds; the independent SE
+    is what a Stats without its seeds gives."""
+    per_seed = [{"measures": {"a": x, "b": x}} for x in (0.4, 0.8, 0.95)]
+    s = lab.summarise(per_seed)
+    assert lab._diff(s, "a", "b") == (0.0, 0.0)
+    assert lab.judge(lab._diff(s, "a", "b"), -0.02, 0.02) == "confirmed"
+    assert lab._diff(dict(s), "a", "b")[1] == pytest.approx(math.hypot(s["a"][1], s["b"][1]))
