@@ -1183,13 +1183,16 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
     summary = {"name": name, "date": common.now(), "machine": common.machine(),
                "seeds": [r["seed"] for r in per_seed], "note": note, "per_seed": per_seed,
                "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
+    return publish(summary, per_seed, out, draw or (lambda rows, path: draw_bars(rows, path, name)))
+
+
+def publish(summary: dict, per_seed: list[dict], out: str, draw) -> dict:
+    """Write an experiment's NAME.json and NAME.png (draw(per_seed, path)) into out, and print its verdicts."""
+    name, note = summary["name"], summary["note"]
     common.write_json(os.path.join(out, f"{name}.json"), summary)
-    if draw is None:
-        draw_bars(per_seed, os.path.join(out, f"{name}.png"), name)
-    else:
-        draw(per_seed, os.path.join(out, f"{name}.png"))
+    draw(per_seed, os.path.join(out, f"{name}.png"))
     print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")
-    for text, verdict in verdicts:
+    for text, verdict in summary["verdicts"]:
         print(f"  {verdict:>14}  {text}")
     print(f"figures and records: {out}")
     return summary
@@ -1270,13 +1273,7 @@ def main(argv=None):
     summary = {"name": args.name, "date": common.now(), "machine": common.machine(), "seeds": args.seeds,
                "sizes": {k: getattr(args, k) for k in FULL}, "note": note,
                "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
-    common.write_json(os.path.join(out, f"{args.name}.json"), summary)
-    draw(results, os.path.join(out, f"{args.name}.png"))
-    print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")
-    for text, verdict in verdicts:
-        print(f"  {verdict:>14}  {text}")
-    print(f"figures and records: {out}")
-    return summary
+    return publish(summary, results, out, draw)
 
 
 def _mean(rows: list[list[float]]) -> list[float]:
