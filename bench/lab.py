@@ -957,8 +957,9 @@ def measure_token_level(arms: dict[str, str], base: dict) -> dict:
     """One seed's token-level measures (docs/lab.md, experiment 5): per arm the habit's decline from the base by band
     (held-out, profile), the batches' borrow decisions by band (exposures, from decisions.jsonl), the long bands'
     decline per exposure over the short bands' (21-40 against 1-20 steps, pooled), the overall decline, and misreads
-    at 27-40 steps; and the arms' paired differences."""
-    m = {}
+    at 27-40 steps; and the arms' paired differences. Curves: the habit's share of each batch's borrow decisions, steps
+    1-20 and 21-40."""
+    m, curves = {}, {}
     for key, label in (("per-sample", "per-sample loss"), ("token-level", "token-level loss")):
         final, d = profile(arms[label]), read_decisions(arms[label])
         exposures = {b: sum(r.get(f"exposures|{b}", 0) for r in d.values()) for b in STEP_BANDS}
@@ -970,9 +971,16 @@ def measure_token_level(arms: dict[str, str], base: dict) -> dict:
         m[f"{key}|long_over_short"] = per[1] / per[0] if per[0] > 0 else math.nan
         m[f"{key}|decline"] = _pooled_habit(base, STEP_BANDS) - _pooled_habit(final, STEP_BANDS)
         m[f"{key}|lookup_27_40"] = final["27-40"]["lookup_rate"]
+        for b in STEP_BANDS:
+            m[f"{key}|habit|{b}"] = final[b]["habit_rate"]
+        curves[key] = {part: [sum(d[k].get(f"habit|{b}", 0) for b in bands)
+                              / max(sum(d[k].get(f"exposures|{b}", 0) for b in bands), 1) for k in sorted(d)]
+                       for part, bands in (("1-20", SHORT), ("21-40", LONG_BANDS))}
+    for b in STEP_BANDS:
+        m[f"base|habit|{b}"] = base[b]["habit_rate"]
     m["decline|per-sample-token-level"] = m["per-sample|decline"] - m["token-level|decline"]
     m["lookup_27_40|per-sample-token-level"] = m["per-sample|lookup_27_40"] - m["token-level|lookup_27_40"]
-    return {"measures": m}
+    return {"measures": m, "curves": curves}
 
 
 def verdicts_token_level(s: dict) -> list[tuple[str, str]]:
@@ -998,8 +1006,9 @@ GS_ARMS = (("2", "GRPO 32 prompts x 2"), ("8", "GRPO 8 prompts x 8"), ("32", "GR
 def measure_group_sampling(arms: dict[str, str], base: dict) -> dict:
     """One seed's group-sampling measures (docs/lab.md, experiment 6): per arm the logged share of groups whose
     rewards are all equal at step 1 and the arithmetic's (p^G + (1 - p)^G at the base's p of each sample's band,
-    over the batch's bands, from decisions.jsonl), avg@2 and pass@2 at the end; with --extension VAPO at G = 1 and 8."""
-    m = {}
+    over the batch's bands, from decisions.jsonl), avg@2 and pass@2 at the end; with --extension VAPO at G = 1 and 8.
+    Curves: the share of all-equal groups per step, and held-out avg@2."""
+    m, curves = {}, {}
     for g, label in GS_ARMS:
         records = common.rl_steps(common.read_records(arms[label]))
         rows = read_decisions(arms[label]).get(1, {})
@@ -1011,13 +1020,24 @@ def measure_group_sampling(arms: dict[str, str], base: dict) -> dict:
         m[f"{g}|all_same_1_predicted"] = predicted
         m[f"{g}|all_same_1_miss"] = m[f"{g}|all_same_1"] - predicted
         _end(m, g, arms[label])
+        curves[g] = {"all_same": _per_step(arms[label], "groups_all_same"),
+                     "avg@2": _eval_curve(arms[label], "eval/acc_avg@2")}
     m["avg@2|8-2"] = m["8|avg@2_end"] - m["2|avg@2_end"]
     m["avg@2|32-8"] = m["32|avg@2_end"] - m["8|avg@2_end"]
     if "VAPO 8 prompts x 8" in arms:
         for key, label in (("vapo8", "VAPO 8 prompts x 8"), ("vapo1", "VAPO 64 prompts x 1")):
             _end(m, key, arms[label])
         m["avg@2|vapo8-vapo1"] = m["vapo8|avg@2_end"] - m["vapo1|avg@2_end"]
-    return {"measures": m}
+    return {"measures": m, "curves": curves}
+
+
+def _per_step(folder: str, key: str) -> list[float]:
+    """A metric of each RL step of a run (metrics.jsonl), in order."""
+    return [r.get(key, math.nan) for r in common.rl_steps(common.read_records(folder))]
+
+
+def _eval_curve(folder: str, key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in common.evaluations(common.read_records(folder)) if key in r]
 
 
 def _end(m: dict, key: str, folder: str) -> None:
@@ -1067,19 +1087,25 @@ def decision_entropy(folder: str, ref: dict, cache: str | None = None) -> float:
 def measure_nll(arms: dict[str, str], base: dict) -> dict:
     """One seed's nll measures (docs/lab.md, experiment 7): per arm the final policy's entropy at the borrow decisions
     of a fixed set of the base's responses, its fall from the base's, avg@2 and pass@2 gains from the first to the
-    last evaluation, and the change of pass@2 - avg@2; the NLL arm's differences from GRPO's."""
-    m = {}
+    last evaluation, and the change of pass@2 - avg@2; the NLL arm's differences from GRPO's. Curves: held-out avg@2
+    and pass@2, and the batches' mean entropy per step (all response tokens)."""
+    m, curves = {}, {}
     for key, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1")):
         if label not in arms:
             continue
         m[f"{key}|entropy_fall"] = base["entropy_at_decisions"] - decision_entropy(arms[label], base["ref"])
+        m[f"{key}|entropy_at_decisions"] = base["entropy_at_decisions"] - m[f"{key}|entropy_fall"]
+        curves[key] = {"avg@2": _eval_curve(arms[label], "eval/acc_avg@2"),
+                       "pass@2": _eval_curve(arms[label], "eval/pass@2"),
+                       "entropy": _per_step(arms[label], "entropy")}
         _end(m, key, arms[label])
         m[f"{key}|avg@2_gain"] = m[f"{key}|avg@2_end"] - m[f"{key}|avg@2_start"]
         m[f"{key}|gap_change"] = ((m[f"{key}|pass@2_end"] - m[f"{key}|avg@2_end"])
                                   - (m[f"{key}|pass@2_start"] - m[f"{key}|avg@2_start"]))
     for name in ("entropy_fall", "avg@2_gain", "gap_change"):
         m[f"{name}|nll-grpo"] = m[f"nll|{name}"] - m[f"grpo|{name}"]
-    return {"measures": m}
+    m["base|entropy_at_decisions"] = base["entropy_at_decisions"]
+    return {"measures": m, "curves": curves}
 
 
 def verdicts_nll(s: dict) -> list[tuple[str, str]]:
@@ -1095,17 +1121,21 @@ VP_ARMS = (("falling", "falling slope -0.5, no value pretraining"), ("pretrained
 def measure_value_pretraining_rl(arms: dict[str, str], base: dict) -> dict:
     """One seed's value-pretraining-rl measures (docs/lab.md, experiment 1, part 2): per arm the final policy's mean
     response length on 21-40-step problems relative to the base's, and its share of early answer lines there
-    (held-out, profile); the arms' paired differences."""
-    m = {}
+    (held-out, profile); the arms' paired differences. Curves: the batches' mean response length and mean advantage
+    on the first tenth of each response, per step."""
+    m, curves = {}, {}
     base_len = (base["21-30"]["mean_tokens"] + base["31-40"]["mean_tokens"]) / 2
     for key, label in VP_ARMS:
         final = profile(arms[label])
         m[f"{key}|length_change_21_40"] = (final["21-30"]["mean_tokens"] + final["31-40"]["mean_tokens"]) / 2 / \
             base_len - 1
         m[f"{key}|early_21_40"] = (final["21-30"]["early"] + final["31-40"]["early"]) / 2
+        curves[key] = {"length": _per_step(arms[label], "response_len"),
+                       "advantage_first_tenth": _per_step(arms[label], "advantage_first_tenth")}
+    m["base|early_21_40"] = (base["21-30"]["early"] + base["31-40"]["early"]) / 2
     m["length|falling-control"] = m["falling|length_change_21_40"] - m["control|length_change_21_40"]
     m["length|pretrained-control"] = m["pretrained|length_change_21_40"] - m["control|length_change_21_40"]
-    return {"measures": m}
+    return {"measures": m, "curves": curves}
 
 
 def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
@@ -1116,27 +1146,132 @@ def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
              judge(s["length|pretrained-control"], -0.1, 0.1))]
 
 
-def draw_bars(results: list[dict], path: str, title: str) -> None:
-    """The seeds' mean of each measure (one bar each, SE over seeds as error bars): the experiments without a
-    curve of their own."""
-    plt = _pyplot()
-    keys = list(results[0]["measures"])
-    stats = summarise(results)
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(keys)), 4))
-    ax.bar(range(len(keys)), [stats[k][0] for k in keys], yerr=[stats[k][1] for k in keys], color="C0")
-    ax.set_xticks(range(len(keys)), keys, rotation=70, ha="right", fontsize=6)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_title(f"{title}: mean of {len(results)} seeds (+- SE)", fontsize=9)
+def _stat(results: list[dict], key: str) -> tuple[float, float]:
+    return summarise(results).get(key, (math.nan, math.nan))
+
+
+def _bars(ax, results: list[dict], groups: list[str], series: list[tuple[str, str]], title: str) -> None:
+    """Grouped bars: for each group g, one bar per (label, key pattern with {g}), mean +- SE over seeds."""
+    width = 0.8 / len(series)
+    for i, (label, pattern) in enumerate(series):
+        stats = [_stat(results, pattern.format(g=g)) for g in groups]
+        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(groups))], [m for m, _ in stats], width,
+               yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _curve_mean(results: list[dict], arm: str, key: str) -> list[float]:
+    rows = [r["curves"][arm][key] for r in results if r["curves"].get(arm, {}).get(key)]
+    n = min(map(len, rows)) if rows else 0
+    return _mean([row[:n] for row in rows])
+
+
+def _eval_mean(results: list[dict], arm: str, key: str) -> tuple[list[int], list[float]]:
+    points = [dict(r["curves"][arm][key]) for r in results if arm in r["curves"]]
+    steps = sorted(set.intersection(*(set(p) for p in points))) if points else []
+    return steps, [statistics.mean(p[k] for p in points) for k in steps]
+
+
+def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
+
+
+def draw_token_level(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    _bars(axes[0], results, list(STEP_BANDS), [("base", "base|habit|{g}"), ("per-sample loss", "per-sample|habit|{g}"),
+                                                ("token-level loss", "token-level|habit|{g}")],
+          "held-out habit rate by step band (forgotten borrows / borrow steps), after 16 steps")
+    axes[0].set_xlabel("problem's steps")
+    for i, (key, label) in enumerate((("per-sample", "per-sample loss"), ("token-level", "token-level loss"))):
+        for part, style in (("1-20", "-"), ("21-40", "--")):
+            axes[1].plot(range(1, len(_curve_mean(results, key, part)) + 1), _curve_mean(results, key, part), style,
+                         color=f"C{i + 1}", label=f"{label}, {part} steps")
+    axes[1].set(title="habit's share of the batch's borrow decisions, per step", xlabel="RL step")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
+    _save(fig, path)
+
+
+def draw_group_sampling(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    groups = [g for g, _ in GS_ARMS]
+    for i, (label, pattern) in enumerate((("logged", "{g}|all_same_1"), ("arithmetic", "{g}|all_same_1_predicted"))):
+        stats = [_stat(results, pattern.format(g=g)) for g in groups]
+        axes[0].bar([x + (i - 0.5) * 0.4 for x in range(len(groups))], [m for m, _ in stats], 0.4,
+                    yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
+    axes[0].set_xticks(range(len(groups)), [f"{64 // int(g)} x {g}" for g in groups])
+    axes[0].set(title="share of samples in all-equal groups, step 1", xlabel="prompts x samples a prompt")
+    axes[0].legend(fontsize=7)
+    for i, (g, label) in enumerate(GS_ARMS):
+        curve = _curve_mean(results, g, "all_same")
+        axes[1].plot(range(1, len(curve) + 1), curve, color=f"C{i}", label=label)
+        axes[2].plot(*_eval_mean(results, g, "avg@2"), "o-", color=f"C{i}", label=label)
+    axes[1].set(title="share in all-equal groups (no GRPO signal), per step", xlabel="RL step")
+    axes[2].set(title="held-out avg@2", xlabel="step")
+    for ax in axes[1:]:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"group sampling at 64 samples a step (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
+    _save(fig, path)
+
+
+def draw_nll(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    arms = [(k, label) for k, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1"))
+            if f"{k}|entropy_at_decisions" in results[0]["measures"]]
+    stats = [_stat(results, "base|entropy_at_decisions")] + [_stat(results, f"{k}|entropy_at_decisions")
+                                                             for k, _ in arms]
+    axes[0].bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
+                color=[f"C{i}" for i in range(len(stats))])
+    axes[0].set_xticks(range(len(stats)), ["base"] + [label for _, label in arms], fontsize=7)
+    axes[0].set_title("entropy at the borrow decisions of the base's responses (nats)", fontsize=9)
+    for i, (k, label) in enumerate(arms):
+        for key, style in (("avg@2", "o-"), ("pass@2", "s--")):
+            axes[1].plot(*_eval_mean(results, k, key), style, color=f"C{i + 1}", label=f"{label}: {key}")
+        curve = _curve_mean(results, k, "entropy")
+        axes[2].plot(range(1, len(curve) + 1), curve, color=f"C{i + 1}", label=label)
+    axes[1].set(title="held-out avg@2 and pass@2", xlabel="step")
+    axes[2].set(title="the batch's mean entropy (all response tokens)", xlabel="RL step")
+    for ax in axes[1:]:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"positive-example NLL (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
+    _save(fig, path)
+
+
+def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for i, (key, label) in enumerate(VP_ARMS):
+        for ax, name in ((axes[0], "length"), (axes[1], "advantage_first_tenth")):
+            curve = _curve_mean(results, key, name)
+            ax.plot(range(1, len(curve) + 1), curve, color=f"C{i}", label=label)
+    stats = [_stat(results, f"{key}|length_change_21_40") for key, _ in VP_ARMS]
+    axes[2].bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
+                color=[f"C{i}" for i in range(len(stats))])
+    axes[2].set_xticks(range(len(stats)), ["falling, no VP", "falling, VP", "V* alone"], fontsize=7)
+    axes[2].axhline(-0.3, color="k", lw=0.5, ls=":")
+    axes[0].set(title="the batch's mean response length (tokens)", xlabel="RL step")
+    axes[1].set(title="mean advantage on each response's first tenth", xlabel="RL step")
+    axes[2].set_title("held-out length on 21-40 steps, change from the base (dotted: -30%)", fontsize=9)
+    for ax in axes[:2]:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds",
+                 fontsize=9)
+    _save(fig, path)
 
 
 RL_JUDGES = {"clip-higher": (measure_clip_higher, verdicts_clip_higher, draw_clip_higher),
-             "token-level": (measure_token_level, verdicts_token_level, None),
-             "group-sampling": (measure_group_sampling, verdicts_group_sampling, None),
-             "nll": (measure_nll, verdicts_nll, None),
-             "value-pretraining-rl": (measure_value_pretraining_rl, verdicts_value_pretraining_rl, None)}
+             "token-level": (measure_token_level, verdicts_token_level, draw_token_level),
+             "group-sampling": (measure_group_sampling, verdicts_group_sampling, draw_group_sampling),
+             "nll": (measure_nll, verdicts_nll, draw_nll),
+             "value-pretraining-rl": (measure_value_pretraining_rl, verdicts_value_pretraining_rl,
+                                      draw_value_pretraining_rl)}
 
 
 def rl_base(name: str, out: str) -> dict:
@@ -1183,7 +1318,7 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
     summary = {"name": name, "date": common.now(), "machine": common.machine(),
                "seeds": [r["seed"] for r in per_seed], "note": note, "per_seed": per_seed,
                "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
-    return publish(summary, per_seed, out, draw or (lambda rows, path: draw_bars(rows, path, name)))
+    return publish(summary, per_seed, out, draw)
 
 
 def publish(summary: dict, per_seed: list[dict], out: str, draw) -> dict:
