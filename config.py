@@ -45,7 +45,7 @@ class RunOptions:
     eval_split: str = "test"
     """split of --eval-dataset (MATH-500 has only "test", the AIME 2024 sets only "train")"""
     template: str = "base"
-    """prompt template for datasets: "base" (DAPO's "Answer:" instruction), "chat" (the tokenizer's chat template) or "raw"; the built-in task always uses its own prompts"""
+    """prompt template for datasets: "base" (DAPO's "Answer:" instruction), "chat" (the same inside the tokenizer's chat template), "chat-brief" (the question and a one-line "Answer:" instruction in the chat template: about half of chat's tokens) or "raw"; the built-in task always uses its own prompts"""
     question_field: str | None = None
     """dataset field holding the question (default: the dataset's known mapping, else "question"/"problem")"""
     answer_field: str | None = None
@@ -290,7 +290,7 @@ def validate(cfg, algorithms: dict):
         (lambda: c.eval_batch_size is None or c.eval_batch_size >= 1, "eval_batch_size", "must be >= 1 (or none)"),
         (lambda: 0 < c.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
         (lambda: c.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),
-        (lambda: c.template in ("base", "chat", "raw"), "template", "must be base, chat or raw"),
+        (lambda: c.template in ("base", "chat", "chat-brief", "raw"), "template", "must be base, chat, chat-brief or raw"),
         (lambda: c.report_to in ("none", "tensorboard", "wandb"), "report_to", "must be none, tensorboard or wandb"),
         (lambda: c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:"), "device",
          "must be auto, cpu or cuda[:N]"),
@@ -350,12 +350,17 @@ def build_parser(cls, algorithms: dict, description: str = "") -> argparse.Argum
                         help="start over in an --output-dir that already holds a run, deleting its files "
                              "(without it such a folder is refused)")
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    run_options = {f.name for f in dataclasses.fields(RunOptions)}
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        # `python vapo.py` runs the demo preset: show its value too where it differs from the paper's
-        demo = PRESETS["demo"].get(f.name, f.default)
-        helptext = f"{docs.get(f.name, '')} (paper: {f.default}" + (
-            f"; demo preset: {demo})" if demo != f.default else ")")
+        # "paper preset:" is the paper preset's value, for the algorithm's fields (a run option's default is ours, and its
+        # documentation names the paper's choice where there is one); `python vapo.py` runs the demo preset: its
+        # value too where it differs
+        doc, demo = docs.get(f.name, ""), PRESETS["demo"].get(f.name, f.default)
+        shown = ([] if f.name in run_options else [f"paper preset: {PRESETS['paper'].get(f.name, f.default)}"]) + (
+            [f"default: {f.default}"] if f.name in run_options else []) + (
+            [f"demo preset: {demo}"] if demo != f.default else [])
+        helptext = f"{doc} ({'; '.join(shown)})"
         if kind is bool:
             parser.add_argument(_option(f.name), action=argparse.BooleanOptionalAction, help=helptext)
         else:

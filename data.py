@@ -12,6 +12,9 @@ to the model}; a row whose verifier needs more than the answer also has "gold", 
   - "base": DAPO's instruction around the question (the model is asked to end with a line "Answer: ..."), for base
     models, which continue text rather than follow a chat;
   - "chat": the same instruction as a user message inside the tokenizer's chat template, for instruct models;
+  - "chat-brief": the question and one line, "End your reply with a line 'Answer: <your answer>'.", as the user
+    message in the chat template: a little over half of "chat"'s tokens for a short question (52 against 94 with
+    SmolLM2's template and its default system prompt), for a CPU, where the update's cost grows with the prompt;
   - "raw": the question as it is (the built-in task writes its own prompts).
 
 A field is a key, or a dotted path into nested rows ("reward_model.ground_truth", "prompt.0.content"). A malformed
@@ -48,7 +51,8 @@ log = logging.getLogger(__name__)
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
                "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
 DAPO_SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
-TEMPLATES = ("base", "chat", "raw")
+BRIEF_INSTRUCTION = "\nEnd your reply with a line 'Answer: <your answer>'."  # "chat-brief" (our choice)
+TEMPLATES = ("base", "chat", "chat-brief", "raw")
 
 
 def gsm8k_answer(solution: str) -> str:
@@ -109,10 +113,12 @@ def format_prompt(question: str, template: str = "base", tokenizer=None) -> str:
         return question
     if template == "base":
         return DAPO_PREFIX + question + DAPO_SUFFIX
-    if template == "chat":
+    if template in ("chat", "chat-brief"):
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("template 'chat' needs a tokenizer with a chat template (use 'base' for base models)")
-        messages = [{"role": "user", "content": DAPO_PREFIX + question + DAPO_SUFFIX}]
+            raise ValueError(f"template {template!r} needs a tokenizer with a chat template (use 'base' for base "
+                             "models)")
+        messages = ([{"role": "user", "content": DAPO_PREFIX + question + DAPO_SUFFIX}] if template == "chat" else
+                    [{"role": "user", "content": question + BRIEF_INSTRUCTION}])
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         # The engines tokenise prompts with the tokenizer's special tokens, as a base prompt needs them. A chat
         # template that writes the BOS itself (Llama's) would then start with two: the text's BOS is dropped, so

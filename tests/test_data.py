@@ -75,6 +75,9 @@ def test_templates():
     tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
                          "{% if add_generation_prompt %}<assistant>{% endif %}")
     assert format_prompt(question, "chat", tok) == f"<user>{base}</user><assistant>"
+    # chat-brief: the question and one line of instruction
+    assert format_prompt(question, "chat-brief", tok) == (f"<user>{question}\nEnd your reply with a line 'Answer: "
+                                                          "<your answer>'.</user><assistant>")
     with pytest.raises(ValueError, match="unknown template"):
         format_prompt(question, "fancy")
 

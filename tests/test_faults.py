@@ -76,7 +76,7 @@ def test_bad_options_are_refused_naming_the_option(argv, option):
 
 def test_help_shows_the_demo_value_beside_the_papers():
     text = " ".join(config.build_parser(Config, vapo.ALGORITHMS).format_help().split())  # argparse wraps lines
-    assert "paper: 1e-06; demo preset: 0.00015" in text  # --actor-lr: what `python vapo.py` actually uses
+    assert "paper preset: 1e-06; demo preset: 0.00015" in text  # --actor-lr: what `python vapo.py` actually uses
 
 
 def test_missing_model_folder_and_missing_logger_are_named_before_a_run_folder_exists(tmp_path, monkeypatch):
