@@ -1258,7 +1258,8 @@ def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
     axes[2].axhline(-0.3, color="k", lw=0.5, ls=":")
     axes[0].set(title="the batch's mean response length (tokens)", xlabel="RL step")
     axes[1].set(title="mean advantage on each response's first tenth", xlabel="RL step")
-    axes[2].set_title("held-out length on 21-40 steps, change from the base (dotted: -30%)", fontsize=9)
+    axes[2].set_title("held-out length, 21-40 steps: change from the base\n(dotted: the -30% predicted)", fontsize=9)
+    axes[2].set_ylim(-0.35, 0.05)
     for ax in axes[:2]:
         ax.legend(fontsize=7)
     fig.suptitle(f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds",
