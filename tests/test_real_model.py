@@ -320,8 +320,13 @@ def test_the_real_model_benchmark_measures_the_base_model(tiny_gguf, tmp_path, c
     figures = json.load(open(out))
     assert (figures["prompts"], figures["samples_per_prompt"], figures["task"]) == (3, 2, CHAIN_SUM)
     assert figures["accuracy"] == 0.0 and 0 <= figures["stated_share"] <= 1 and figures["tokens"] <= 3 * 2 * 4
+    assert 0 <= figures["last_number_right"] <= 1 and figures["template"] == "chat"
     with pytest.raises(SystemExit):  # vapo.py's options belong to `step` only
         real_model_cpu.main(["base", "--gguf", path, "--no-bf16"])
+    # the answer the verifier does not read: the gold as the last number, in a sentence or on the line
+    assert real_model_cpu.last_number_is("4 - 1 = 3", "3") and real_model_cpu.last_number_is("Answer: -4.", "-4")
+    assert not real_model_cpu.last_number_is("Answer: 2.", "3") and not real_model_cpu.last_number_is("three", "3")
+    assert not real_model_cpu.last_number_is("3 + 10 = 13", "3")
 
 
 def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf, tmp_path):
