@@ -1162,6 +1162,18 @@ def _bars(ax, results: list[dict], groups: list[str], series: list[tuple[str, st
     ax.legend(fontsize=7)
 
 
+def _stat_bars(ax, stats: list[tuple[float, float]], labels: list[str]) -> None:
+    """One bar per (mean, SE) in stats, its SE as the error bar (none where it is NaN), colours C0, C1, ..."""
+    ax.bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
+           color=[f"C{i}" for i in range(len(stats))])
+    ax.set_xticks(range(len(stats)), labels, fontsize=7)
+
+
+def _plot_steps(ax, curve: list[float], **style) -> None:
+    """A per-RL-step curve (step 1 first)."""
+    ax.plot(range(1, len(curve) + 1), curve, **style)
+
+
 def _curve_mean(results: list[dict], arm: str, key: str) -> list[float]:
     rows = [r["curves"][arm][key] for r in results if r["curves"].get(arm, {}).get(key)]
     n = min(map(len, rows)) if rows else 0
@@ -1189,8 +1201,8 @@ def draw_token_level(results: list[dict], path: str) -> None:
     axes[0].set_xlabel("problem's steps")
     for i, (key, label) in enumerate((("per-sample", "per-sample loss"), ("token-level", "token-level loss"))):
         for part, style in (("1-20", "-"), ("21-40", "--")):
-            axes[1].plot(range(1, len(_curve_mean(results, key, part)) + 1), _curve_mean(results, key, part), style,
-                         color=f"C{i + 1}", label=f"{label}, {part} steps")
+            _plot_steps(axes[1], _curve_mean(results, key, part), linestyle=style, color=f"C{i + 1}",
+                        label=f"{label}, {part} steps")
     axes[1].set(title="habit's share of the batch's borrow decisions, per step", xlabel="RL step")
     axes[1].legend(fontsize=7)
     fig.suptitle(f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
@@ -1209,8 +1221,7 @@ def draw_group_sampling(results: list[dict], path: str) -> None:
     axes[0].set(title="share of samples in all-equal groups, step 1", xlabel="prompts x samples a prompt")
     axes[0].legend(fontsize=7)
     for i, (g, label) in enumerate(GS_ARMS):
-        curve = _curve_mean(results, g, "all_same")
-        axes[1].plot(range(1, len(curve) + 1), curve, color=f"C{i}", label=label)
+        _plot_steps(axes[1], _curve_mean(results, g, "all_same"), color=f"C{i}", label=label)
         axes[2].plot(*_eval_mean(results, g, "avg@2"), "o-", color=f"C{i}", label=label)
     axes[1].set(title="share in all-equal groups (no GRPO signal), per step", xlabel="RL step")
     axes[2].set(title="held-out avg@2", xlabel="step")
@@ -1227,15 +1238,12 @@ def draw_nll(results: list[dict], path: str) -> None:
             if f"{k}|entropy_at_decisions" in results[0]["measures"]]
     stats = [_stat(results, "base|entropy_at_decisions")] + [_stat(results, f"{k}|entropy_at_decisions")
                                                              for k, _ in arms]
-    axes[0].bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
-                color=[f"C{i}" for i in range(len(stats))])
-    axes[0].set_xticks(range(len(stats)), ["base"] + [label for _, label in arms], fontsize=7)
+    _stat_bars(axes[0], stats, ["base"] + [label for _, label in arms])
     axes[0].set_title("entropy at the borrow decisions of the base's responses (nats)", fontsize=9)
     for i, (k, label) in enumerate(arms):
         for key, style in (("avg@2", "o-"), ("pass@2", "s--")):
             axes[1].plot(*_eval_mean(results, k, key), style, color=f"C{i + 1}", label=f"{label}: {key}")
-        curve = _curve_mean(results, k, "entropy")
-        axes[2].plot(range(1, len(curve) + 1), curve, color=f"C{i + 1}", label=label)
+        _plot_steps(axes[2], _curve_mean(results, k, "entropy"), color=f"C{i + 1}", label=label)
     axes[1].set(title="held-out avg@2 and pass@2", xlabel="step")
     axes[2].set(title="the batch's mean entropy (all response tokens)", xlabel="RL step")
     for ax in axes[1:]:
@@ -1249,12 +1257,9 @@ def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, (key, label) in enumerate(VP_ARMS):
         for ax, name in ((axes[0], "length"), (axes[1], "advantage_first_tenth")):
-            curve = _curve_mean(results, key, name)
-            ax.plot(range(1, len(curve) + 1), curve, color=f"C{i}", label=label)
+            _plot_steps(ax, _curve_mean(results, key, name), color=f"C{i}", label=label)
     stats = [_stat(results, f"{key}|length_change_21_40") for key, _ in VP_ARMS]
-    axes[2].bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
-                color=[f"C{i}" for i in range(len(stats))])
-    axes[2].set_xticks(range(len(stats)), ["falling, no VP", "falling, VP", "V* alone"], fontsize=7)
+    _stat_bars(axes[2], stats, ["falling, no VP", "falling, VP", "V* alone"])
     axes[2].axhline(-0.3, color="k", lw=0.5, ls=":")
     axes[0].set(title="the batch's mean response length (tokens)", xlabel="RL step")
     axes[1].set(title="mean advantage on each response's first tenth", xlabel="RL step")
