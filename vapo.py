@@ -2,6 +2,7 @@
 
     python vapo.py                      # the built-in demo: a 1M-parameter model learns multi-step arithmetic on a CPU
     python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~17 min, 1 core
+    python vapo.py --model SmolLM2-135M-Instruct.Q4_1.gguf --preset cpu-135m  # a real model on a CPU: ~45 min
     python vapo.py --model Qwen2.5-0.5B --dataset openai/gsm8k --preset gpu-0.5b     # one GPU
     python vapo.py --help               # every option, with the paper's value
 
@@ -60,6 +61,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import random
 import sys
 import time
@@ -378,6 +380,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                    "ev_first_tenth": explained_variance(values, returns, head, all_sum=every),
                    "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
+                   "value_error": masked_mean(values - returns, mask, all_sum=every).item(),  # the critic's bias
                    "lam_policy": batch_mean(lam_policy)}
         if judge is not None:
             record |= judge(rollout, problems, values, returns, rewards)
@@ -867,11 +870,13 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
             values = scored["values"]  # [B, T]
             _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
             ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
+            error = masked_mean(values - returns, mask, all_sum=parallel.all_sum).item()  # bias, defined when EV is not
             batch = {"values": values, "returns": returns}
             if fixed is not None:  # the critic's micro-step adds it to h again
                 batch["critic_offset"] = scored["critic_offset"]
             stats = update(policy, critic, optimizers, rollout, batch, cfg, train_policy=False)
         progress["recent"] = recent = (progress["recent"] + [ev])[-3:]
+        progress["error"] = error
         progress["step"] = step + 1
         reached = cfg.value_pretrain_ev is not None and len(recent) == 3 and sum(recent) / 3 >= cfg.value_pretrain_ev
         last = reached or step + 1 == cfg.value_pretrain_steps
@@ -879,7 +884,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                 if last and cfg.value_pretrain_ev is not None else {})
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss", "grad_clipped/critic")
                                                    if k in stats},
-              "explained_variance": ev, "skipped_nonfinite": stats["skipped_nonfinite"],
+              "explained_variance": ev, "value_error": error, "skipped_nonfinite": stats["skipped_nonfinite"],
               "train_acc": batch_mean(scores > 0), "response_len": batch_mean(rollout.lengths),
               "time/step": time.perf_counter() - t0, **gate})
         if reached:
@@ -891,6 +896,10 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         log.warning("value pretraining stopped at its cap of %d steps with explained variance %.3f (mean of the last "
                     "%d), below its gate of %.2f: the critic starts RL without reaching it", cfg.value_pretrain_steps,
                     sum(progress["recent"]) / len(progress["recent"]), len(progress["recent"]), cfg.value_pretrain_ev)
+        if any(math.isnan(ev) for ev in progress["recent"]) and "error" in progress:
+            log.warning("explained variance is undefined where every return of a batch is equal (all wrong, say), so "
+                        "the gate could not judge; the critic's mean error V - R on the last fresh rollouts was %+.3f "
+                        "(its bias: |error| near 0 means it has at least learned the mean return)", progress["error"])
     return True
 
 

