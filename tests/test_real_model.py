@@ -385,3 +385,45 @@ def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf,
     import common
     assert common.finished(str(out)) and common.summarise_run(str(out))["k"] == "avg@2"
     assert [e["samples"] for e in ablation.run_figures(str(out))["eval_curve"]] == [0, 4, 8]
+
+
+def fake_run(folder, seed: int, greedy: list[float], se: float, step_seconds: float, trl: bool = False):
+    """A run folder as vapo.py (or vs_trl.py --learn, trl=True) writes it: 2 RL steps of 8 samples, evaluations
+    at 0, 1 and 2 rollouts with the given greedy accuracies and standard error."""
+    os.makedirs(folder)
+    config = {"vapo_config": {"seed": seed}} if trl else {"seed": seed}
+    json.dump(config, open(os.path.join(folder, "config.json"), "w"))
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+        for step, acc in enumerate(greedy):
+            if step:
+                fh.write(json.dumps({"step": step, "samples_generated": 8, "train_acc": acc, "response_len": 5.0,
+                                     "time/step": step_seconds, "time/rollout": step_seconds / 4,
+                                     "time/update": step_seconds / 2}) + "\n")
+            e = {"step": step, "eval/acc_greedy": acc, "eval/acc_greedy_se": se, "eval/acc_avg@1": acc / 2,
+                 "eval/acc_avg@1_se": se}
+            fh.write(json.dumps({**e, **({"samples_generated_total": 8 * step} if trl else {})}) + "\n")
+
+
+def test_the_real_model_report_reads_both_trainers_folders(tmp_path, capsys):
+    """report: per seed the greedy accuracy at each evaluation by generated samples, whether the last beats the
+    base by more than twice its standard error, seconds per generated sample; per trainer the mean over seeds and
+    its standard error; vapo.py's folders and TRL's read alike."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import real_model_cpu
+    fake_run(tmp_path / "v0", 0, [0.02, 0.2, 0.5], 0.05, 4.0)
+    fake_run(tmp_path / "v1", 1, [0.02, 0.1, 0.1], 0.05, 4.0)  # +8 points < 2 SE: not a win
+    fake_run(tmp_path / "t0", 0, [0.02, 0.3, 0.4], 0.05, 8.0, trl=True)
+    out = tmp_path / "report.json"
+    real_model_cpu.main(["report", "--runs", f"vapo={tmp_path / 'v0'}", f"vapo={tmp_path / 'v1'}",
+                         f"trl={tmp_path / 't0'}", "--figure", str(tmp_path / "f.png"), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert "| greedy at 8 samples | greedy at 16 samples |" in text
+    assert "| vapo | 0 | 2.0 | 20.0 ± 5.0 | 50.0 ± 5.0 | 1.0 -> 25.0 | yes | 0.50 |" in text
+    assert "| vapo | 1 | 2.0 | 10.0 ± 5.0 | 10.0 ± 5.0 | 1.0 -> 5.0 | no |" in text
+    assert "| **vapo** | mean of 2 | 2.0 | **15.0 ± 5.0** | **30.0 ± 20.0** | | 1 of 2 | 0.50 (median) |" in text
+    assert "| trl | 0 | 2.0 | 30.0 ± 5.0 | 40.0 ± 5.0 | 1.0 -> 20.0 | yes | 1.00 |" in text
+    figures = json.load(open(out))
+    assert figures["vapo"]["beats_base"] == [True, False] and figures["trl"]["seeds"] == [0]
+    assert (tmp_path / "f.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="NAME=FOLDER"):
+        real_model_cpu.main(["report", "--runs", str(tmp_path / "v0")])
