@@ -7,6 +7,12 @@
     python bench/vs_trl.py --learn --tiny --out runs/trl-tiny --overwrite         # a check that it runs
     python bench/vs_trl.py --learn --model FILE.gguf --dataset 'reasoning-gym:NAME?...' --template chat \
         --steps 18 --prompts-per-step 4 ... --out runs/trl-NAME               # beside `python vapo.py` (same options)
+    python bench/vs_trl.py --model FILE.gguf --preset cpu-135m --repeats 1 --steps 2 --threads 1   # timing, real model
+
+The timing mode with `--model M [--dataset D] [--preset P] [--seed S] [OPTIONS]` times the run that `python vapo.py
+--model M ... OPTIONS` makes (its model, data, template and shapes, read from the same vapo.Config as --learn
+--model below) in place of the demo's: TRL's worker builds that Config from the same options, and ours run
+vapo.py with them, `--steps` timed rollouts after the warm-up, no evaluation, no token views.
 
 Two modes: the default times a step (per-rollout cost, TRL and ours side by side, below); `--learn` measures the
 wall time for TRL's GRPOTrainer to reach held-out accuracy gains in the long-chain regime, as bench/ablation.py
@@ -187,6 +193,8 @@ INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
            "pip install torch==2.13.0 -r requirements.txt trl==1.16.0")
 TRL_VERSION = "1.16.0"  # the version measured and documented; others may run, with a note
 TARGETS = {"grpo": 2.0, "vapo": 1.3}  # TRL's ms per sample / ours, at least
+# with --model (a real model): ours GRPO at most 0.6 of TRL's time per sample (1 / 0.6 = 1.67), VAPO at most TRL's
+MODEL_TARGETS = {"grpo": 1.67, "vapo": 1.0}
 # --tiny: 2 prompts x 2 samples, 16 new tokens, mini-batches of 2 in micro-batches of 1 (still 2 optimizer steps
 # per rollout): a check that everything runs, not a measurement
 TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
@@ -302,12 +310,17 @@ def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
     ALGO-recompute for the same with a policy scoring pass for the old log-probs (--old-logprobs recompute)."""
     algo = name.split("-")[0]
     out = os.path.join(workdir, name)
-    cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), "--preset", "demo", "--algo", algo,
-           "--steps", str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--output-dir", out,
-           "--overwrite", "--seed", str(shape["seed"]), "--device", "cpu"]
-    for k in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
-              "temperature", "top_p"):
-        cmd += [f"--{k.replace('_', '-')}", str(shape[k])]
+    if args.vapo_args:  # --model: the run `python vapo.py VAPO_ARGS` makes, with its shapes
+        cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), *args.vapo_args, "--algo", algo, "--steps",
+               str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--no-token-views", "--output-dir",
+               out, "--overwrite"]
+    else:
+        cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), "--preset", "demo", "--algo", algo,
+               "--steps", str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--output-dir", out,
+               "--overwrite", "--seed", str(shape["seed"]), "--device", "cpu"]
+        for k in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
+                  "temperature", "top_p"):
+            cmd += [f"--{k.replace('_', '-')}", str(shape[k])]
     if algo == "vapo":
         cmd.append("--no-value-pretraining")
     if name.endswith("-recompute"):
@@ -338,6 +351,8 @@ def run_trl(shape: dict, args, workdir: str) -> dict:
     result = os.path.join(workdir, "trl.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "trl", "--worker-out", result,
            "--steps", str(args.steps)] + (["--tiny"] if args.tiny else [])
+    if args.vapo_args:  # --model: the worker builds the same vapo.Config from the same options
+        cmd += ["--worker-vapo-args", json.dumps(args.vapo_args)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=common.thread_env(args.threads), capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -356,15 +371,23 @@ def trl_worker(args):
     import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
     from trl.extras import profiling
 
-    cfg = demo_config(args.tiny)
-    shape = shapes(args.tiny)
+    rollouts_n = args.steps + 1
+    if args.worker_vapo_args:  # --model: its GGUF/folder, its data and template, as vapo.py loads them
+        cfg = model_config(json.loads(args.worker_vapo_args))
+        shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
+        name = builds.shipped_model(cfg.model) if cfg.model in builds.BUILTIN_MODELS else cfg.model
+        policy, tokenizer = load_policy(name, dtype=torch.float32, device=torch.device("cpu"))
+        rows, _ = data.load_data(cfg, tokenizer)
+        per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(rollouts_n)]
+    else:
+        cfg = demo_config(args.tiny)
+        shape = shapes(args.tiny)
+        per_rollout = step_prompts(cfg, rollouts_n)
+        policy, tokenizer = load_policy(builds.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
     P, G = shape["prompts_per_step"], shape["samples_per_prompt"]
     batch = P * G
-    rollouts_n = args.steps + 1
-    per_rollout = step_prompts(cfg, rollouts_n)
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
                                           for rows in per_rollout for r in rows])
-    policy, tokenizer = load_policy(builds.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
 
     generations: list[dict] = []  # per reward call (one per rollout): the tokens, samples, prompts seen
     reward_fn = verifier_reward(verifier_for(cfg), [[r["prompt"] for r in rows] for rows in per_rollout],
@@ -431,7 +454,7 @@ def median_phases(runs: list[dict]) -> dict:
                                  if not r["warmup"]) for k in names}
 
 
-def summarise(runs: dict[str, list[dict]]) -> dict:
+def summarise(runs: dict[str, list[dict]], targets: dict = TARGETS) -> dict:
     out = {}
     for name, reps in runs.items():
         per = [per_repetition(run) for run in reps]
@@ -447,9 +470,9 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
                 ratios[unit] = {"median_of_repetitions": statistics.median(each), "per_repetition": each,
                                 "of_medians": out["trl"][unit] / out[name][unit]}
             out[name]["trl_over_this"] = ratios
-            if name in TARGETS:
-                out[name]["target"] = {"per_sample_at_least": TARGETS[name],
-                                       "met": ratios["ms_per_sample"]["median_of_repetitions"] >= TARGETS[name]}
+            if name in targets:
+                out[name]["target"] = {"per_sample_at_least": targets[name],
+                                       "met": ratios["ms_per_sample"]["median_of_repetitions"] >= targets[name]}
     return out
 
 
@@ -783,9 +806,10 @@ def main(argv=None):
     learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated by vapo.evaluate at the sweep's "
                                                             "sample counts, written as vapo.py's metrics.jsonl")
     learn.add_argument("--model", default=None,
-                       help="--learn: a model of one's own (a GGUF file, a folder, a hub id) as vapo.py --model "
-                            "takes it; then --dataset, --preset, --steps, --seed and every option this script does not "
-                            "know are vapo.py's (e.g. --template chat --prompts-per-step 4 --max-new-tokens 64)")
+                       help="a model of one's own (a GGUF file, a folder, a hub id) as vapo.py --model takes it; "
+                            "then --dataset, --preset, --seed and every option this script does not know are "
+                            "vapo.py's (e.g. --preset cpu-135m, or --template chat --prompts-per-step 4); with --learn "
+                            "also --steps; in the timing mode --steps stays the timed rollouts")
     learn.add_argument("--dataset", default=None, help="--learn --model: vapo.py's --dataset (e.g. "
                                                        "'reasoning-gym:basic_arithmetic?max_digits=1')")
     learn.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
@@ -800,9 +824,10 @@ def main(argv=None):
     learn.add_argument("--overwrite", action="store_true", help="--learn: replace the run in --out")
     ap.add_argument("--worker", choices=("trl",), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-vapo-args", help=argparse.SUPPRESS)
     args, extra = ap.parse_known_args(argv)
-    if extra and not (args.learn and args.model):
-        ap.error(f"unrecognized arguments: {' '.join(extra)} (vapo.py's options go with --learn --model)")
+    if extra and not args.model:
+        ap.error(f"unrecognized arguments: {' '.join(extra)} (vapo.py's options go with --model)")
     args.vapo_args = None
     if args.learn:
         timing_only = [f"--{n}" for n in ("repeats", "contenders") if getattr(args, n) is not None]
@@ -823,13 +848,20 @@ def main(argv=None):
         args.preset = args.preset or "long"
         args.out = args.out or os.path.join("runs", f"trl-{args.preset}")
         return trl_learn(args, learn_config(args.preset, args.seed, args.tiny))
-    learn_only = [o for o, typed in (("--preset", args.preset not in (None, "demo")), ("--seed", args.seed != 0),
-                                     ("--model", args.model is not None), ("--dataset", args.dataset is not None),
+    if args.model and args.tiny and not args.learn:
+        ap.error("--tiny is the demo's check; with --model give vapo.py's shapes (--prompts-per-step ...)")
+    if args.model and not args.worker:  # the run `python vapo.py --model ... OPTIONS` makes, minus its --steps
+        args.vapo_args = vapo_args(argparse.Namespace(**{**vars(args), "steps": None}), extra)
+        model_config(args.vapo_args)  # a bad option stops here, as vapo.py would
+    learn_only = [o for o, typed in (("--preset", args.preset not in (None, "demo") and not args.model),
+                                     ("--seed", args.seed != 0 and not args.model),
+                                     ("--dataset", args.dataset is not None and not args.model),
                                      ("--loss-type", args.loss_type != "dapo"),
                                      ("--gains", args.gains != list(GAINS)), ("--overwrite", args.overwrite))
                   if typed]
     if learn_only:
-        ap.error(f"{' '.join(learn_only)}: options of --learn; the timing mode runs the demo preset, seed 0")
+        ap.error(f"{' '.join(learn_only)}: options of --learn (or of --model); the timing mode runs the demo preset, "
+                 f"seed 0, unless --model names the run")
     args.repeats = 3 if args.repeats is None else args.repeats
     args.steps = 4 if args.steps is None else args.steps
     args.contenders = list(CONTENDERS[:3]) if args.contenders is None else args.contenders
@@ -855,12 +887,17 @@ def main(argv=None):
     print(f"machine: {machine}\ndate: {started}; {threads} torch threads per contender "
           f"({'--threads' if args.threads else 'torch default'}); "
           + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
-    builds.ensure_base_model()  # built (if a checkout lacks it) once, before the runs
-    shape = shapes(args.tiny)
+    if args.vapo_args:
+        cfg = model_config(args.vapo_args)
+        shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
+        print(f"the run of `python vapo.py {' '.join(args.vapo_args)}`: {cfg.model}, {cfg.dataset}", flush=True)
+    else:
+        builds.ensure_base_model()  # built (if a checkout lacks it) once, before the runs
+        shape = shapes(args.tiny)
     print(f"{args.repeats} repetitions of {' '.join(contenders)}, each run 1 warm-up + {args.steps} timed rollouts of "
           f"{shape['prompts_per_step']} prompts x {shape['samples_per_prompt']} samples, <= "
           f"{shape['max_new_tokens']} new tokens, {shape['mini_batch_size']}-sample mini-batches "
-          f"(2 optimizer steps per rollout)", flush=True)
+          f"({optimizer_steps_per_rollout(shape)} optimizer steps per rollout)", flush=True)
 
     t0 = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="vs_trl-")
@@ -878,7 +915,8 @@ def main(argv=None):
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    summary = summarise(runs)
+    targets = MODEL_TARGETS if args.vapo_args else TARGETS
+    summary = summarise(runs, targets)
     print(f"\nmachine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s in all; {threads} torch threads "
           f"per contender; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     print(f"medians over {args.repeats} repetitions of {args.steps} timed rollouts each (warm-up rollout left out); "
@@ -889,7 +927,7 @@ def main(argv=None):
         print("\nmedian seconds per timed rollout, by phase (vapo.py: its logged time/*; TRL: its profiling blocks):")
         print("\n".join(phase_lines(summary)))
     report = {"machine": machine, "date": started, "threads": threads, "versions": versions, "args": vars(args),
-              "shape": shape, "commands": {c: COMMANDS[c] for c in contenders}, "targets": TARGETS,
+              "shape": shape, "commands": {c: COMMANDS[c] for c in contenders}, "targets": targets,
               "summary": summary, "runs": runs}
     common.write_json(args.out, report)
     print(f"\nwrote {args.out}")

@@ -427,3 +427,28 @@ def test_the_real_model_report_reads_both_trainers_folders(tmp_path, capsys):
     assert (tmp_path / "f.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="NAME=FOLDER"):
         real_model_cpu.main(["report", "--runs", str(tmp_path / "v0")])
+
+
+def test_the_timing_benchmark_times_a_real_models_run(tiny_gguf, tmp_path):
+    """bench/vs_trl.py's timing mode with --model: our contenders run `python vapo.py --model ... OPTIONS` with the
+    typed shapes (TRL left out: CI does not install it), a warm-up and one timed rollout each, read back per
+    rollout; --tiny (the demo's check) does not go with --model."""
+    pytest.importorskip("reasoning_gym")
+    path, _ = tiny_gguf
+    out = tmp_path / "timing.json"
+    options = ["--model", path, "--dataset", CHAIN_SUM, "--template", "chat", "--prompts-per-step", "2",
+               "--samples-per-prompt", "2", "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens",
+               "8", "--no-bf16", "--no-gradient-checkpointing", "--device", "cpu", "--reward-workers", "1"]
+    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--contenders", "grpo", "vapo", "--repeats", "1",
+                           "--steps", "1", "--threads", "1", "--out", str(out), *options],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.load(open(out))
+    assert report["shape"]["prompts_per_step"] == 2 and report["shape"]["max_new_tokens"] == 8
+    for name in ("grpo", "vapo"):
+        run = report["runs"][name][0]
+        assert f"--model {path}" in run["command"] and "--no-token-views" in run["command"]
+        assert [r["warmup"] for r in run["rollouts"]] == [True, False] and run["rollouts"][1]["samples"] == 4
+    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--tiny", *options], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--tiny is the demo's check" in proc.stderr
