@@ -307,12 +307,15 @@ def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(mon
                           (["--learn", "--model", "m.gguf", "--out", "x", "--tiny"], "give --out"),
                           (["--learn", "--template", "chat"], "unrecognized arguments: --template chat"),
                           (["--learn", "--dataset", spec], "go with --model"),
-                          (["--model", "m.gguf"], "options of --learn")):
+                          (["--loss-type", "grpo"], "options of --learn"),
+                          (["--model", "m.gguf", "--dataset", spec, "--tiny"], "--tiny is the demo's check")):
         with pytest.raises(SystemExit):
             vs_trl.main(argv)
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--prompts-per-step: must be >= 1"):  # vapo.py's own refusal
         vs_trl.main(["--learn", "--model", "m.gguf", "--dataset", spec, "--out", "x", "--prompts-per-step", "0"])
+    with pytest.raises(SystemExit, match="needs --dataset"):  # the timing mode with --model: vapo.py's refusals too
+        vs_trl.main(["--model", "m.gguf"])
 
     pytest.importorskip("reasoning_gym")
     rows = data.reasoning_gym_rows(spec, 2, 0, "raw")
