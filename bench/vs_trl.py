@@ -157,7 +157,7 @@ this script does not know goes, with those five, to vapo.py's own parser (vapo.c
 What differs, beyond the list above: TRL runs GRPO whatever --algo says (no critic, no value pretraining, no
 clip-higher, no positive-example NLL, no KL term, no dynamic sampling or overlong shaping: those options are
 recorded in config.json and have no effect); TRL runs on the CPU (--device is not used); --tiny is the sweep's
-check only (give small shapes instead). No side-by-side run on a real model has been made yet.
+check only (give small shapes instead). The runs on SmolLM2-135M-Instruct: docs/real-model.md.
 """
 from __future__ import annotations
 
