@@ -189,11 +189,11 @@ PRESETS: dict[str, dict] = {
     # training problems, judged by the critic's mean error V - R on each step's fresh rollouts (explained variance
     # is undefined when every return is -1): lr 2e-4 in mini-batches of 8 took it from +0.89 to -0.02 in 3 steps,
     # 5e-5 to +0.15 in 6 (the pilot's 2e-5 on the actor's mini-batches: +0.95 after 3, and the policy stopped
-    # ending its responses). Advantages not whitened: while nearly every batch is all wrong, the raw advantages are
-    # the fitted critic's residual (about +-0.02), and whitening scales that noise to unit size; with it two seeds
+    # ending its responses). Advantages not whitened, as the evidence runs were made: with whitening two seeds
     # drifted apart before any right sample (responses 33 -> 9 tokens in one, 31 -> 51 with 59% cut at the cap in
-    # the other, the critic's mean error within 0.03 of 0 in both). Evaluations at 0, 12 and 24: 96 held-out
-    # problems, greedy and one sample each.
+    # the other), led by the sign of the fitted critic's residual; without it the second drifted alike (AdamW's step
+    # hardly depends on the gradient's scale), so the two are not separated. Evaluations at 0, 12 and 24: 96
+    # held-out problems, greedy and one sample each.
     "cpu-135m": dict(dataset=SINGLE_DIGIT_SUMS, template="chat-brief", steps=24, prompts_per_step=4,
                      samples_per_prompt=8, max_new_tokens=64, mini_batch_size=16, micro_batch_size=4, actor_lr=1e-5,
                      critic_lr=2e-4, critic_mini_batch_size=8, warmup_steps=2, alpha=0.5, value_pretrain_steps=5,
