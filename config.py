@@ -180,7 +180,7 @@ PRESETS: dict[str, dict] = {
                  eval_top_p=1.0,
                  overlong_cache_frac=32 / 448,  # overlong penalty from 416 tokens: forty correct steps take 411
                  eval_batch_size=110),
-    # A 135M instruct model on a laptop CPU, about 45 minutes on one core (docs/real-model.md, where each value was
+    # A 135M instruct model on a laptop CPU, about half an hour on one core (docs/real-model.md, where each value was
     # measured): SmolLM2-135M-Instruct (--model its GGUF file) on single-digit sums and differences from
     # reasoning-gym, the question and one line asking for "Answer: ..." in the model's chat template (52 prompt
     # tokens). 24 steps of 4 prompts x 8 samples, 64 new tokens (the base's responses take 10-40), mini-batches of

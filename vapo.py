@@ -2,7 +2,7 @@
 
     python vapo.py                      # the built-in demo: a 1M-parameter model learns multi-step arithmetic on a CPU
     python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~17 min, 1 core
-    python vapo.py --model SmolLM2-135M-Instruct.Q4_1.gguf --preset cpu-135m  # a real model on a CPU: ~45 min
+    python vapo.py --model SmolLM2-135M-Instruct.Q4_1.gguf --preset cpu-135m  # a real model on a CPU: ~30 min
     python vapo.py --model Qwen2.5-0.5B --dataset openai/gsm8k --preset gpu-0.5b     # one GPU
     python vapo.py --help               # every option, with the paper's value
 

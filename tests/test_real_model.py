@@ -443,9 +443,13 @@ def test_cpu_seconds_per_sample_leave_the_evaluations_out(tmp_path):
                                  "cpu": cpu}) + "\n")
             fh.write(json.dumps({"t": 0, "pid": 2, "folder": str(tmp_path / "other"), "steps": steps, "evals": 0,
                                  "cpu": 1e6}) + "\n")
-    # steps 2, 3 and 5 count: (106 - 90) + (122 - 106) + (216 - 200) = 48 s over 3 x 8 samples; step 4 held an eval
-    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), 8) == {"cpu_s_per_sample": 2.0, "steps": 3}
-    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "nothing"), 8) is None
+    steps = [{"step": k, "samples_generated": 8, "response_len": 5.0} for k in range(1, 6)]
+    # steps 2, 3 and 5 count: (106 - 90) + (122 - 106) + (216 - 200) = 48 s over 3 x 8 samples of 5 tokens; step 4
+    # held an eval
+    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), steps) == \
+        {"cpu_s_per_sample": 2.0, "cpu_s_per_1k_tokens": 400.0, "steps": 3}
+    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), steps, last_step=3)["steps"] == 2
+    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "nothing"), steps) is None
 
 
 def test_the_timing_benchmark_times_a_real_models_run(tiny_gguf, tmp_path):
