@@ -36,9 +36,9 @@ the token-level loss, dynamic sampling in `sample_and_reward` and the soft overl
 
 Where we differ from the paper, on purpose:
 1. The paper does not state value clipping, advantage whitening, the warmup length or the maximum response
-   length: Config leaves value clipping and whitening off, every preset but cpu-135m turns whitening on (`--preset paper` also
-   clips values at 0.5: both are verl's defaults), warmup is `warmup_steps` optimizer steps, and the maximum length
-   is an option. Each is our choice, documented on its field.
+   length: Config leaves value clipping and whitening off, every preset but cpu-135m turns whitening on
+   (`--preset paper` also clips values at 0.5: both are verl's defaults), warmup is `warmup_steps` optimizer steps,
+   and the maximum length is an option. Each is our choice, documented on its field.
 2. Value pretraining can stop early once the critic's explained variance reaches a target (`value_pretrain_ev`),
    not only after a fixed number of steps: a critic that has barely learned is worse than none; it says whether it
    reached it. The critic may train on mini-batches and epochs of its own (`critic_mini_batch_size`,
