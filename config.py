@@ -1,13 +1,10 @@
-"""The command line: the run's options, the presets, validation and the parser of vapo.Config.
+"""The configuration, in one place: Config (every option, each with its documentation), ALGORITHMS (the paper's
+baselines as switch sets), PRESET_TABLE (the budgets side by side), validation and the command line.
 
-vapo.Config is one frozen dataclass: the algorithm's fields are written in vapo.py, and it inherits the rest from
-`RunOptions` here (what to train on, evaluation, the run folder, the rollout engine, the machine). The command line
-is that dataclass (cleanrl's habit): one option per field, the field's documentation as its --help, and only what
-the user typed overriding the preset and the --algo switch set.
+The command line is Config (cleanrl's habit): one option per field, the field's documentation as its --help, and
+only what the user typed overriding the preset and the --algo switch set:
 
-    preset (PRESETS: a budget) < --algo (vapo.ALGORITHMS: a switch set) < the options typed
-
-This module never imports vapo.py: vapo.py hands its Config class and its ALGORITHMS to the functions below.
+    Config's defaults (the demo) < preset (PRESETS: a budget) < --algo (ALGORITHMS: a switch set) < options typed
 """
 from __future__ import annotations
 
@@ -28,16 +25,119 @@ log = logging.getLogger("vapo")
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """The options of a run that are not the algorithm: vapo.Config inherits them."""
+class Config:
+    """Every option of a run, each with its documentation (its --help): VAPO's hyperparameters, then what to train
+    on, evaluation, the run folder, the rollout engine and the machine. The defaults are the built-in demo's (a run
+    of a few minutes on a laptop CPU); PRESET_TABLE below holds the other budgets beside it, the paper's (section
+    4.1) among them, and --help gives each option's value in the paper's preset."""
+
+    # --- budget and batch shapes ---
+    steps: int = 60
+    """RL steps, counted in rollouts: one rollout batch and its batch / mini_batch x ppo_epochs optimizer steps each. The paper's ~5,000 steps are gradient updates, 16 per rollout of 8,192 samples in mini-batches of 512: 313 rollouts"""
+    max_samples: int | None = None
+    """also stop the RL phase once this many responses have been generated (dynamic sampling's extra rounds count), so runs compare at an equal budget of samples; none = only --steps"""
+    prompts_per_step: int = 16
+    """prompts sampled per step"""
+    samples_per_prompt: int = 8
+    """G, responses per prompt (group sampling)"""
+    mini_batch_size: int = 64
+    """samples per optimizer step; the batch of prompts_per_step x G samples gives batch / mini_batch optimizer steps per epoch"""
+    micro_batch_size: int = 16
+    """samples per forward/backward pass (gradient accumulation inside a mini-batch); memory only, never the result"""
+    ppo_epochs: int = 1
+    """passes over each rollout batch"""
+    max_new_tokens: int = 128
+    """maximum response length in tokens (our choice: the paper does not state it)"""
+    temperature: float = 1.0
+    """sampling temperature of training rollouts"""
+    top_p: float = 1.0
+    """nucleus sampling of training rollouts (1.0 keeps the sampler equal to the policy, as PPO's ratio assumes)"""
+
+    # --- optimisation ---
+    actor_lr: float = 1.5e-4
+    """policy learning rate (AdamW)"""
+    critic_lr: float = 1e-3
+    """value model learning rate (AdamW)"""
+    critic_mini_batch_size: int | None = None
+    """samples per critic optimizer step, the critic trained in a loop of its own after the policy's (verl: critic.ppo_mini_batch_size); none = the critic steps beside the policy on each of the actor's mini-batches (the paper does not say)"""
+    critic_epochs: int | None = None
+    """passes of the critic over each rollout batch, in its own loop (verl: critic.ppo_epochs); none = ppo_epochs"""
+    warmup_steps: int = 5
+    """optimizer steps of linear learning-rate warmup, then constant (our choice of length: the paper says warmup, not how long)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (our choice)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm, per model (our choice)"""
+
+    # --- the VAPO techniques, each one switch ---
+    value_pretraining: bool = True
+    """1. Value-Pretraining: train the critic alone on the frozen initial policy's rollouts before any policy update"""
+    value_pretrain_steps: int = 30
+    """1. maximum critic-only steps"""
+    value_pretrain_ev: float | None = 0.5
+    """1. stop value pretraining once the mean explained variance of the last 3 steps reaches this (our addition; none = run all steps)"""
+    decoupled_gae: bool = True
+    """2. Decoupled-GAE: critic targets with lam_critic, advantages with lam_policy (off: both use lam_policy)"""
+    lam_critic: float = 1.0
+    """2. GAE lambda of the critic's targets"""
+    length_adaptive: bool = True
+    """3. length-adaptive lambda_policy = 1 - 1 / (alpha * length) (off: lam_policy_fixed)"""
+    alpha: float = 0.5
+    """3. alpha of the length-adaptive lambda: alpha * length is the policy's effective horizon in tokens"""
+    lam_policy_fixed: float = 0.95
+    """3. lambda_policy when length-adaptive lambda is off"""
+    clip_higher: bool = True
+    """4. Clip-Higher: clip the ratio to [1 - eps_low, 1 + eps_high] (off: symmetric, eps_high = eps_low)"""
+    eps_low: float = 0.2
+    """4. lower clip range"""
+    eps_high: float = 0.28
+    """4. upper clip range"""
+    token_level_loss: bool = True
+    """5. token-level policy loss, 1 / (sum of lengths) over the mini-batch (off: mean per sample, then over samples)"""
+    positive_nll: bool = True
+    """6. add mu times the NLL of correct samples to the policy loss"""
+    mu: float = 0.1
+    """6. weight of the positive-example NLL"""
+    policy_gradient: bool = True
+    """the clipped policy-gradient term of Eq. 8 (off, a control, not the paper: the policy learns from mu * NLL of its correct samples alone, online rejection-sampling fine-tuning as in RAFT / ReST; needs --positive-nll)"""
+    group_sampling: bool = True
+    """7. G samples per prompt (off: prompts_per_step x G different prompts, one sample each, same sample budget)"""
+
+    # --- the baselines' techniques (the paper's comparisons; --algo sets them, see ALGORITHMS) ---
+    algo: str = "vapo"
+    """"vapo", "ppo", "grpo" or "dapo": a named set of the switches of this file (ALGORITHMS, listed in --help), applied under the options you type"""
+    group_advantage: bool = False
+    """GRPO's advantage instead of GAE: (reward - group mean) / (group std + 1e-6), the same for every token; no critic is built, trained, scored or saved"""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose samples all got the same reward and sample more prompts to refill the batch"""
+    dynamic_sampling_rounds: int = 3
+    """extra sampling rounds per step at most with dynamic sampling; then the step trains on the groups it has (logged)"""
+    overlong_shaping: bool = False
+    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache_frac x max_new_tokens tokens before max_new_tokens, added to the reward"""
+    overlong_cache_frac: float = 0.125
+    """share of max_new_tokens, at its end, over which the overlong penalty grows: it scales with the budget (DAPO: the last 4,096 of 20,480 tokens, 0.2)"""
+
+    # --- further options (not in the paper) ---
+    gamma: float = 1.0
+    """discount; 1 in the paper (one reward at the end of the response)"""
+    value_clip: float | None = None
+    """PPO value clipping range (our option; the paper does not state it; none = off)"""
+    whiten_advantages: bool = True
+    """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
+    kl_coef: float = 0.0
+    """beta of a KL penalty to the initial policy in the policy loss, beta * KL(pi || pi_init) per token (k3, as GRPO and verl's use_kl_loss), aggregated as the policy loss (our option, a lever of the long-chain study; the paper, like DAPO, has none: 0 = off, no reference model is kept)"""
+    truncated_reward: str = "wrong"
+    """what a response cut at max_new_tokens (no EOS) earns: "wrong" (the wrong reward, whatever it stated on the way: it never committed to a final answer) or "graded" (its text graded as if it had ended, as verl's reward functions do); the paper does not say"""
+    critic_offset: str | None = None
+    """"exact:OFFSET:SLOPE": a constructed reference critic of a known bias for the mechanism lab (docs/lab.md, experiment 1), not a technique of the paper: V(s_t) = V*_0(s_t) + b(t) + h(s_t), V*_0 the task's exact values (task.ExactValues) fitted before step 0 on 256 responses of the initial policy (one to each of 256 training prompts of a stream of their own, at the training temperature), b(t) = OFFSET + SLOPE * t / 100 (t the response token's index from 0; V = 0 after the last token), h the critic network with its head set to zero (so V starts at V*_0 + b); GAE sees V, and the value loss (value pretraining's too) trains h alone, on returns - V*_0 - b. The built-in long task only (--dataset builtin-long), with a critic (not grpo or dapo), in one process, without dynamic sampling; none = off"""
 
     # --- what to train on ---
     model: str = "builtin"
-    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B), a local folder or a GGUF file (dequantised to float32; pip install gguf); "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (paper: Qwen2.5-32B)"""
+    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B), a local folder or a GGUF file (dequantised to float32; pip install gguf); "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (the paper trains Qwen2.5-32B)"""
     value_model: str | None = None
     """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model; "builtin-long-rm" = the long chains' outcome reward model); default: the policy's weights with a zero head"""
     dataset: str = "builtin"
-    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, a Hugging Face dataset name (online only), or a reasoning-gym generator with its settings, reasoning-gym:NAME?key=value&... (pip install reasoning-gym; e.g. reasoning-gym:chain_sum?min_terms=2&max_terms=3; held-out problems from other seeds; its own score_answer is the verifier) (paper: DAPO-Math-17k)"""
+    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, a Hugging Face dataset name (online only), or a reasoning-gym generator with its settings, reasoning-gym:NAME?key=value&... (pip install reasoning-gym; e.g. reasoning-gym:chain_sum?min_terms=2&max_terms=3; held-out problems from other seeds; its own score_answer is the verifier) (the paper trains on DAPO-Math-17k)"""
     eval_dataset: str | None = None
     """held-out prompts, same forms as --dataset; default: the built-in task's held-out split, or the last --eval-prompts rows of --dataset (removed from training)"""
     train_split: str = "train"
@@ -52,23 +152,23 @@ class RunOptions:
     """dataset field holding the gold answer (default: the dataset's known mapping, else "answer")"""
 
     # --- evaluation, logging, checkpoints ---
-    eval_every: int = 50
+    eval_every: int = 30
     """evaluate on held-out prompts every this many steps (0 = only at the start and the end)"""
     eval_every_samples: int = 0
     """evaluate instead each time the RL phase's generated samples pass a multiple of this (0 = by --eval-every steps): runs whose steps cost different numbers of samples (DAPO's dynamic sampling) then compare at equal samples"""
     eval_prompts: int = 200
     """held-out prompts per evaluation (at most)"""
-    eval_samples: int = 32
-    """k of avg@k: samples per held-out prompt (paper: avg@32)"""
+    eval_samples: int = 4
+    """k of avg@k: samples per held-out prompt"""
     eval_sampled_prompts: int | None = None
     """avg@k on the first this many of the eval_prompts only (none = all): greedy costs one response a prompt and avg@k eval_samples, so greedy can take more prompts for the same time and reach a smaller standard error"""
     eval_temperature: float = 1.0
-    """evaluation temperature (paper: 1.0)"""
+    """evaluation temperature"""
     eval_top_p: float = 0.7
-    """evaluation top-p (paper: 0.7)"""
-    eval_batch_size: int | None = None
+    """evaluation top-p"""
+    eval_batch_size: int | None = 200
     """held-out prompts per sampling pass of an evaluation, each with eval_samples rows in the HF engine's KV cache (none = as many as a training rollout's rows: prompts_per_step x samples_per_prompt / eval_samples, at least 1); vLLM pages its own cache and ignores it"""
-    save_every: int = 100
+    save_every: int = 30
     """write a checkpoint every this many steps (and at the end; 0 = only at the end)"""
     output_dir: str | None = None
     """run folder (default: runs/<date>-<time>)"""
@@ -103,10 +203,71 @@ class RunOptions:
     reward_workers: int | None = None
     """verifier worker processes for math datasets (default: one per CPU core); the built-in task scores in-process"""
 
+    # ---- derived values -----------------------------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """G as used: samples_per_prompt, or 1 without group sampling."""
+        return self.samples_per_prompt if self.group_sampling else 1
+
+    @property
+    def prompts_per_rollout(self) -> int:
+        """Prompts per step as used: without group sampling, as many prompts as there are samples."""
+        return self.prompts_per_step if self.group_sampling else self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def batch_size(self) -> int:
+        """B, samples per step (the same with or without group sampling)."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def overlong_cache(self) -> int:
+        """Tokens before max_new_tokens over which the overlong penalty grows: overlong_cache_frac of the budget."""
+        return round(self.overlong_cache_frac * self.max_new_tokens)
+
+    @property
+    def critic_apart(self) -> bool:
+        """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
+        return self.critic_mini_batch_size is not None or self.critic_epochs is not None
+
+    @property
+    def critic_bias(self) -> tuple[float, float] | None:
+        """(OFFSET, SLOPE) of --critic-offset exact:OFFSET:SLOPE, or None without it."""
+        return None if self.critic_offset is None else parse_critic_offset(self.critic_offset)
+
+    @property
+    def eps_high_used(self) -> float:
+        return self.eps_high if self.clip_higher else self.eps_low
+
+    @property
+    def loss_agg(self) -> str:
+        return "token-mean" if self.token_level_loss else "seq-mean-token-mean"
+
+    def validate(self) -> "Config":
+        """ValueError naming the first option that cannot work, and why (validate below)."""
+        return validate(self, ALGORITHMS)
+
     @property
     def builtin(self) -> bool:
         """The built-in task (task.py) rather than a dataset."""
         return self.dataset in ("builtin", "builtin-long")
+
+
+# Algorithms: named sets of the switches above, applied over the preset and under what the user types, so
+# `--algo grpo --clip-higher` is GRPO with clip-higher. PPO, GRPO and DAPO are the paper's baselines (section 4).
+ALGORITHMS: dict[str, dict] = {
+    "vapo": {},
+    # vanilla PPO: a critic without value pretraining, one lambda (0.95) for critic and policy, symmetric clip,
+    # sample-level loss, no positive NLL, one sample per prompt (the same number of samples per step)
+    "ppo": dict(value_pretraining=False, decoupled_gae=False, length_adaptive=False, lam_policy_fixed=0.95,
+                clip_higher=False, token_level_loss=False, positive_nll=False, group_sampling=False),
+    # GRPO: no critic; the group-normalised reward is every token's advantage; symmetric clip; sample-level loss;
+    # no KL term (DAPO and VAPO drop it too)
+    "grpo": dict(group_advantage=True, value_pretraining=False, clip_higher=False, token_level_loss=False,
+                 positive_nll=False, whiten_advantages=False),
+    # DAPO: GRPO with clip-higher, the token-level loss, dynamic sampling and the soft overlong punishment
+    "dapo": dict(group_advantage=True, value_pretraining=False, clip_higher=True, token_level_loss=True,
+                 positive_nll=False, whiten_advantages=False, dynamic_sampling=True, overlong_shaping=True),
+}
 
 
 # The random streams of a run: every random draw comes from --seed through one of these offsets, and from nowhere
@@ -132,79 +293,50 @@ def stream(seed: int, name: str) -> int:
 SINGLE_DIGIT_SUMS = ("reasoning-gym:basic_arithmetic?operators=('+','-')&min_terms=2&max_terms=2&max_digits=1"
                      "&allow_parentheses=False&allow_negation=False")
 
-# Presets are budgets: `python vapo.py` with no --model uses "demo"; with --model, "gpu-0.5b" (one GPU's budget,
-# whatever the model: the paper's 313 rollouts of 8,192 samples fit no single GPU); "paper" only when asked for.
-PRESETS: dict[str, dict] = {
-    # The paper's values (vapo.Config's defaults), and where it states none, verl's: whitened advantages (verl's
-    # GAE always whitens) and values clipped at 0.5 (verl's critic default). Its budget in its unit: the ~5,000
-    # steps it reports are gradient updates, 16 per rollout (8,192 samples in mini-batches of 512): 313 rollouts.
-    "paper": dict(whiten_advantages=True, value_clip=0.5),
-    # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/demo.md). Tiny
-    # model, short responses: larger learning rates than the paper's, alpha = 0.5 so that lambda_policy is
-    # 0.9-0.99 at 20-110 tokens, small micro-batches (sorted by length), advantage whitening as verl does.
-    "demo": dict(model="builtin", dataset="builtin", steps=60, prompts_per_step=16, samples_per_prompt=8,
-                 mini_batch_size=64, micro_batch_size=16, max_new_tokens=128, actor_lr=1.5e-4, critic_lr=1e-3,
-                 warmup_steps=5, alpha=0.5, value_pretrain_steps=30, value_pretrain_ev=0.5,
-                 whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
-                 overlong_cache_frac=16 / 128,  # overlong penalty from 112 tokens: ten correct steps take 111
-                 eval_batch_size=200),  # the whole evaluation (800 rows of <= 128 tokens) in one pass fits a CPU
-    # The long chains (docs/long.md): 1 to 40 steps, responses of 10 to 411 tokens, a base model right a few
-    # percent of the time at 40 steps when sampling, the critic initialised from the shipped outcome reward model
-    # (the paper's start). alpha = 0.5 as in the demo: with lambda = 1 - 1 / (alpha l) the terminal reward
-    # reaches a response's first token with weight (1 - 1 / (alpha l))^l ~ exp(-1 / alpha) = 0.14 at every
-    # length, where a fixed 0.95 gives it 0.95^400 = 1e-9 at 400 tokens. The actor's step size, the off-policy
-    # degree and mu come from the lever study on a validation split of the training distribution (bench/
-    # long_study.py, docs/long-study/): at the demo's 1.5e-4 the updates broke the lookups (misread terms 8% ->
-    # 24% of greedy steps, greedy 58% -> 32%); at 1.5e-5 with mini-batches of 4 (the paper's 16 optimizer steps a
-    # rollout) the habit falls from 27% to 10% of borrow steps and misreads stay within a point of the base's;
-    # mu = 3 (thirty times the paper's positive-example NLL, which imitates the correct samples, whose every lookup
-    # is right): on validation mu 0.1 -> 1 -> 3 moved greedy 56.0 -> 60.0 (AMD, 3 seeds; 57.6 on Intel, 2) -> 59.8
-    # (Intel, 2 seeds), and 48 steps in place of 40 did not help (the study's tiers 2-4).
-    # The critic on its own terms (bench/critic_grid.py, docs/critic-grid.md): on a buffer of the base policy's
-    # rollouts, validation EV of the return after value pretraining's 20 batches over lr x critic mini-batch x target
-    # lambda; at lambda 1 the best is lr 3e-4 in mini-batches of 16 (0.37, the step-count floor 0.31, the exact
-    # values V* 0.57), where the critic's earlier setting (lr 1e-3 on the actor's mini-batches of 4) gave 0.17. The
-    # gate of value pretraining is the floor: a critic that explains less of the return than a lookup of the
-    # prompt's number of steps has not yet learned a value.
-    # Evaluations at the start and the end only, on 1,100 held-out prompts greedy (standard error <= 1.5 points)
-    # and avg@2 on the first 550. Sized for 20 minutes on one core.
-    "long": dict(model="builtin-long", value_model="builtin-long-rm", dataset="builtin-long", steps=40,
-                 prompts_per_step=8, samples_per_prompt=8, mini_batch_size=4, micro_batch_size=4,
-                 max_new_tokens=448, actor_lr=1.5e-5, critic_lr=3e-4, critic_mini_batch_size=16, warmup_steps=5,
-                 alpha=0.5, mu=3.0, value_pretrain_steps=20, value_pretrain_ev=0.3, whiten_advantages=True, eval_every=0,
-                 eval_prompts=1100, eval_sampled_prompts=550, eval_samples=2, save_every=20,
-                 # avg@k at top-p 1.0, not the paper's 0.7: a borrow step's right token has p = 0.7 in the base
-                 # model, right at the nucleus's edge, so at top-p 0.7 a tiny update that moves it past 0.7 removes
-                 # the habit from the nucleus altogether (measured: avg@4 0.29 -> 0.58 in 3 steps of warmup,
-                 # greedy 0.61 -> 0.56)
-                 eval_top_p=1.0,
-                 overlong_cache_frac=32 / 448,  # overlong penalty from 416 tokens: forty correct steps take 411
-                 eval_batch_size=110),
-    # A 135M instruct model on a laptop CPU, about half an hour on one core (docs/real-model.md, where each value was
-    # measured): SmolLM2-135M-Instruct (--model its GGUF file) on single-digit sums and differences from
-    # reasoning-gym, the question and one line asking for "Answer: ..." in the model's chat template (52 prompt
-    # tokens). 24 steps of 4 prompts x 8 samples, 64 new tokens (the base's responses take 10-40), mini-batches of
-    # 16. The actor's lr 1e-5: GRPO at it moved greedy accuracy 2% -> 55% in 24 steps (pilot, seed 0). The critic:
-    # a zero head on the policy's backbone starts at V = 0 where nearly every return is -1; value pretraining on the
-    # training problems, judged by the critic's mean error V - R on each step's fresh rollouts (explained variance
-    # is undefined when every return is -1): lr 2e-4 in mini-batches of 8 took it from +0.89 to -0.02 in 3 steps,
-    # 5e-5 to +0.15 in 6 (the pilot's 2e-5 on the actor's mini-batches: +0.95 after 3, and the policy stopped
-    # ending its responses). Advantages not whitened, as the evidence runs were made: with whitening two seeds
-    # drifted apart before any right sample (responses 33 -> 9 tokens in one, 31 -> 51 with 59% cut at the cap in
-    # the other), led by the sign of the fitted critic's residual; without it the second drifted alike (AdamW's step
-    # hardly depends on the gradient's scale), so the two are not separated. Evaluations at 0, 12 and 24: 96
-    # held-out problems, greedy and one sample each.
-    "cpu-135m": dict(dataset=SINGLE_DIGIT_SUMS, template="chat-brief", steps=24, prompts_per_step=4,
-                     samples_per_prompt=8, max_new_tokens=64, mini_batch_size=16, micro_batch_size=4, actor_lr=1e-5,
-                     critic_lr=2e-4, critic_mini_batch_size=8, warmup_steps=2, alpha=0.5, value_pretrain_steps=5,
-                     whiten_advantages=False, eval_every=12, eval_prompts=96, eval_samples=1, device="cpu",
-                     reward_workers=1),
-    # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
-    "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
-                     mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
-                     gradient_checkpointing=True, eval_samples=8, eval_every=25,
-                     overlong_cache_frac=512 / 2048, whiten_advantages=True),
+# Presets are budgets, side by side. Config's defaults are the demo's, so `python vapo.py` runs them; with --model
+# and no --preset, "gpu-0.5b" (one GPU's budget, whatever the model: the paper's 313 rollouts of 8,192 samples fit
+# no single GPU); "paper" only when asked for. A preset sets only what it names ( _ : the default, or what you give).
+# Why each value: docs/techniques.md (the demo's and the paper's) and docs/results.md (long, cpu-135m, gpu-0.5b,
+# each measured on training data).
+_ = dataclasses.MISSING
+PRESET_NAMES = ("demo", "long", "cpu-135m", "gpu-0.5b", "paper")
+PRESET_TABLE: dict[str, tuple] = {
+    #                        demo        long              cpu-135m           gpu-0.5b             paper
+    "model":                 ("builtin", "builtin-long",   _,                 "Qwen/Qwen2.5-0.5B", _),
+    "value_model":           (_,         "builtin-long-rm", _,                _,                   _),
+    "dataset":               ("builtin", "builtin-long",   SINGLE_DIGIT_SUMS, _,                   _),
+    "template":              (_,         _,                "chat-brief",      _,                   _),
+    "steps":                 (60,        40,               24,                500,                 313),
+    "prompts_per_step":      (16,        8,                4,                 64,                  512),
+    "samples_per_prompt":    (8,         8,                8,                 8,                   16),
+    "mini_batch_size":       (64,        4,                16,                128,                 512),
+    "micro_batch_size":      (16,        4,                4,                 4,                   8),
+    "max_new_tokens":        (128,       448,              64,                2048,                8192),
+    "overlong_cache_frac":   (16 / 128,  32 / 448,         0.2,               512 / 2048,          0.2),
+    "actor_lr":              (1.5e-4,    1.5e-5,           1e-5,              1e-6,                1e-6),
+    "critic_lr":             (1e-3,      3e-4,             2e-4,              2e-6,                2e-6),
+    "critic_mini_batch_size": (None,     16,               8,                 None,                None),
+    "warmup_steps":          (5,         5,                2,                 10,                  10),
+    "alpha":                 (0.5,       0.5,              0.5,               0.05,                0.05),
+    "mu":                    (0.1,       3.0,              0.1,               0.1,                 0.1),
+    "value_pretrain_steps":  (30,        20,               5,                 50,                  50),
+    "value_pretrain_ev":     (0.5,       0.3,              None,              None,                None),
+    "whiten_advantages":     (True,      True,             False,             True,                True),
+    "value_clip":            (None,      None,             None,              None,                0.5),
+    "eval_every":            (30,        0,                12,                25,                  50),
+    "eval_prompts":          (200,       1100,             96,                200,                 200),
+    "eval_sampled_prompts":  (None,      550,              None,              None,                None),
+    "eval_samples":          (4,         2,                1,                 8,                   32),
+    "eval_top_p":            (0.7,       1.0,              0.7,               0.7,                 0.7),
+    "eval_batch_size":       (200,       110,              None,              None,                None),
+    "save_every":            (30,        20,               100,               100,                 100),
+    "device":                ("auto",    "auto",           "cpu",             "auto",              "auto"),
+    "bf16":                  (False,     False,            False,             True,                False),
+    "gradient_checkpointing": (False,    False,            False,             True,                False),
+    "reward_workers":        (None,      None,             1,                 None,                None),
 }
+PRESETS: dict[str, dict] = {name: {k: row[i] for k, row in PRESET_TABLE.items() if row[i] is not _}
+                            for i, name in enumerate(PRESET_NAMES)}
 
 
 def _option(name: str) -> str:
@@ -373,16 +505,15 @@ def build_parser(cls, algorithms: dict, description: str = "") -> argparse.Argum
                         help="start over in an --output-dir that already holds a run, deleting its files "
                              "(without it such a folder is refused)")
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    run_options = {f.name for f in dataclasses.fields(RunOptions)}
+    names = [f.name for f in dataclasses.fields(cls)]
+    run_options = set(names[names.index("model"):])  # from `model` on: what the run is, not VAPO's hyperparameters
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        # "paper preset:" is the paper preset's value, for the algorithm's fields (a run option's default is ours, and its
-        # documentation names the paper's choice where there is one); `python vapo.py` runs the demo preset: its
-        # value too where it differs
-        doc, demo = docs.get(f.name, ""), PRESETS["demo"].get(f.name, f.default)
-        shown = ([] if f.name in run_options else [f"paper preset: {PRESETS['paper'].get(f.name, f.default)}"]) + (
-            [f"default: {f.default}"] if f.name in run_options else []) + (
-            [f"demo preset: {demo}"] if demo != f.default else [])
+        # the default is the demo's; "paper preset:" is --preset paper's value, shown for the algorithm's fields and for
+        # the run options that preset sets (a run option's default is ours)
+        doc, paper = docs.get(f.name, ""), PRESETS["paper"].get(f.name, f.default)
+        in_paper = f.name not in run_options or f.name in PRESETS["paper"]
+        shown = [f"default: {f.default}"] + ([f"paper preset: {paper}"] if in_paper else [])
         helptext = f"{doc} ({'; '.join(shown)})"
         if kind is bool:
             parser.add_argument(_option(f.name), action=argparse.BooleanOptionalAction, help=helptext)

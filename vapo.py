@@ -25,37 +25,19 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
 | 3 | Length-adaptive GAE (3.2)       | `gae.length_adaptive_lambda`: lam_policy = 1 - 1 / (alpha * length)          |
 | 4 | Clip-Higher (3.3)               | `losses.policy_loss`: ratio clipped to [1 - eps_low, 1 + eps_high]          |
 | 5 | Token-level loss (3.3)          | `losses.aggregate(..., "token-mean")`: 1 / (sum of lengths) over the batch  |
-| 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `micro_batch_losses`       |
+| 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `update`                    |
 | 7 | Group-Sampling (3.4)            | `engines.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
 
-Each technique is one boolean in `Config` (e.g. `--no-clip-higher`) and one `if` where it acts, so the paper's
-ablations run on the same code. The paper's baselines are named sets of the same switches (`--algo`,
-ALGORITHMS): `ppo` (one lambda of 0.95, symmetric clip, sample-level loss, no value pretraining), `grpo` (no
-critic: `gae.group_advantage`, the group-normalised reward on every token) and `dapo` (GRPO with clip-higher,
-the token-level loss, dynamic sampling in `sample_and_reward` and the soft overlong punishment).
+Each technique is one boolean in `Config` (config.py, e.g. `--no-clip-higher`) and one `if` where it acts, so the
+paper's ablations run on the same code. The paper's baselines are named sets of the same switches (`--algo`,
+config.ALGORITHMS): `ppo`, `grpo` (no critic: `gae.group_advantage`) and `dapo` (GRPO with clip-higher, the
+token-level loss, dynamic sampling in `sample_and_reward` and the soft overlong punishment). Where we differ from
+the paper, and why: docs/techniques.md.
 
-Where we differ from the paper, on purpose:
-1. The paper does not state value clipping, advantage whitening, the warmup length or the maximum response
-   length: Config leaves value clipping and whitening off, every preset but cpu-135m turns whitening on
-   (`--preset paper` also clips values at 0.5: both are verl's defaults), warmup is `warmup_steps` optimizer steps,
-   and the maximum length is an option. Each is our choice, documented on its field.
-2. Value pretraining can stop early once the critic's explained variance reaches a target (`value_pretrain_ev`),
-   not only after a fixed number of steps: a critic that has barely learned is worse than none; it says whether it
-   reached it. The critic may train on mini-batches and epochs of its own (`critic_mini_batch_size`,
-   `critic_epochs`, verl's names), which the paper does not state; on the built-in task each RL step measures it
-   against the task's exact values and a step-count floor (`critic_judge`).
-3. The built-in demo is tiny: a 1M-parameter model, tens of tokens per response, larger learning rates and
-   alpha = 0.5 instead of 0.05 (alpha * length is the policy's effective horizon; 0.05 is meant for thousands
-   of tokens and gives lambda_policy = 0 for the demo's lengths). `--preset paper` has the paper's values.
-4. The critic is initialised from the policy (or `--value-model`), with a zero head, not from a reward model;
-   `--preset long` starts it from the paper's choice, an outcome reward model (builds.py builds and ships it).
-5. Evaluation reports avg@k at temperature 1.0 / top-p 0.7 (the paper's avg@32, k configurable) and greedy accuracy,
-   each with its standard error over prompts (`--preset long`: top-p 1.0, avg@2 on 550 of 1,100 prompts).
-
-Around this file: config.py (the command line, the run's options, presets), run.py (the run folder, signals, when to
-evaluate and save), checkpoints.py, views.py (the teaching views' record), rollout.py (the Rollout batch and its
-scoring), sampler.py (the HF sampling loop), engines.py (the HF and vLLM engines), reward.py, gae.py, losses.py,
-models.py, data.py, task.py.
+Around this file: config.py (every option, the presets, the command line), run.py (the run folder, signals, when
+to evaluate and save), checkpoints.py, rollout.py (the Rollout batch, the sampling loop that fills it, its
+log-probs and values), engines.py (the HF and vLLM engines), reward.py, gae.py, losses.py, models.py, data.py,
+task.py (the built-in tasks), views.py (the teaching views' record).
 """
 from __future__ import annotations
 
@@ -66,11 +48,11 @@ import random
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 
 import torch
 
 import config
+from config import ALGORITHMS, Config
 from checkpoints import rng_kept
 from data import gold_of, prompt_batch
 from engines import engine_asleep, make_engine, sync_engine
@@ -85,172 +67,6 @@ from task import CriticJudge, CriticOffset, ExactValues
 
 log = logging.getLogger("vapo")
 
-
-@dataclass(frozen=True)
-class Config(config.RunOptions):
-    """VAPO's hyperparameters. Defaults are the paper's values (section 4.1) unless a field says otherwise. The
-    run's options (model, data, evaluation, run folder, engine, machine) come from config.RunOptions."""
-
-    # --- budget and batch shapes ---
-    steps: int = 313
-    """RL steps, counted in rollouts: one rollout batch and its batch / mini_batch x ppo_epochs optimizer steps each. The paper's ~5,000 steps are gradient updates, 16 per rollout of 8,192 samples in mini-batches of 512: 313 rollouts"""
-    max_samples: int | None = None
-    """also stop the RL phase once this many responses have been generated (dynamic sampling's extra rounds count), so runs compare at an equal budget of samples; none = only --steps"""
-    prompts_per_step: int = 512
-    """prompts sampled per step"""
-    samples_per_prompt: int = 16
-    """G, responses per prompt (group sampling)"""
-    mini_batch_size: int = 512
-    """samples per optimizer step; the batch of prompts_per_step x G samples gives batch / mini_batch optimizer steps per epoch"""
-    micro_batch_size: int = 8
-    """samples per forward/backward pass (gradient accumulation inside a mini-batch); memory only, never the result"""
-    ppo_epochs: int = 1
-    """passes over each rollout batch"""
-    max_new_tokens: int = 8192
-    """maximum response length in tokens (our choice: the paper does not state it)"""
-    temperature: float = 1.0
-    """sampling temperature of training rollouts"""
-    top_p: float = 1.0
-    """nucleus sampling of training rollouts (1.0 keeps the sampler equal to the policy, as PPO's ratio assumes)"""
-
-    # --- optimisation ---
-    actor_lr: float = 1e-6
-    """policy learning rate (AdamW)"""
-    critic_lr: float = 2e-6
-    """value model learning rate (AdamW)"""
-    critic_mini_batch_size: int | None = None
-    """samples per critic optimizer step, the critic trained in a loop of its own after the policy's (verl: critic.ppo_mini_batch_size); none = the critic steps beside the policy on each of the actor's mini-batches (the paper does not say)"""
-    critic_epochs: int | None = None
-    """passes of the critic over each rollout batch, in its own loop (verl: critic.ppo_epochs); none = ppo_epochs"""
-    warmup_steps: int = 10
-    """optimizer steps of linear learning-rate warmup, then constant (our choice of length: the paper says warmup, not how long)"""
-    weight_decay: float = 0.0
-    """AdamW weight decay (our choice)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping by global norm, per model (our choice)"""
-
-    # --- the VAPO techniques, each one switch ---
-    value_pretraining: bool = True
-    """1. Value-Pretraining: train the critic alone on the frozen initial policy's rollouts before any policy update"""
-    value_pretrain_steps: int = 50
-    """1. maximum critic-only steps"""
-    value_pretrain_ev: float | None = None
-    """1. stop value pretraining once the mean explained variance of the last 3 steps reaches this (our addition; none = run all steps)"""
-    decoupled_gae: bool = True
-    """2. Decoupled-GAE: critic targets with lam_critic, advantages with lam_policy (off: both use lam_policy)"""
-    lam_critic: float = 1.0
-    """2. GAE lambda of the critic's targets"""
-    length_adaptive: bool = True
-    """3. length-adaptive lambda_policy = 1 - 1 / (alpha * length) (off: lam_policy_fixed)"""
-    alpha: float = 0.05
-    """3. alpha of the length-adaptive lambda: alpha * length is the policy's effective horizon in tokens"""
-    lam_policy_fixed: float = 0.95
-    """3. lambda_policy when length-adaptive lambda is off"""
-    clip_higher: bool = True
-    """4. Clip-Higher: clip the ratio to [1 - eps_low, 1 + eps_high] (off: symmetric, eps_high = eps_low)"""
-    eps_low: float = 0.2
-    """4. lower clip range"""
-    eps_high: float = 0.28
-    """4. upper clip range"""
-    token_level_loss: bool = True
-    """5. token-level policy loss, 1 / (sum of lengths) over the mini-batch (off: mean per sample, then over samples)"""
-    positive_nll: bool = True
-    """6. add mu times the NLL of correct samples to the policy loss"""
-    mu: float = 0.1
-    """6. weight of the positive-example NLL"""
-    policy_gradient: bool = True
-    """the clipped policy-gradient term of Eq. 8 (off, a control, not the paper: the policy learns from mu * NLL of its correct samples alone, online rejection-sampling fine-tuning as in RAFT / ReST; needs --positive-nll)"""
-    group_sampling: bool = True
-    """7. G samples per prompt (off: prompts_per_step x G different prompts, one sample each, same sample budget)"""
-
-    # --- the baselines' techniques (the paper's comparisons; --algo sets them, see ALGORITHMS) ---
-    algo: str = "vapo"
-    """"vapo", "ppo", "grpo" or "dapo": a named set of the switches of this file (ALGORITHMS, listed in --help), applied under the options you type"""
-    group_advantage: bool = False
-    """GRPO's advantage instead of GAE: (reward - group mean) / (group std + 1e-6), the same for every token; no critic is built, trained, scored or saved"""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose samples all got the same reward and sample more prompts to refill the batch"""
-    dynamic_sampling_rounds: int = 3
-    """extra sampling rounds per step at most with dynamic sampling; then the step trains on the groups it has (logged)"""
-    overlong_shaping: bool = False
-    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache_frac x max_new_tokens tokens before max_new_tokens, added to the reward"""
-    overlong_cache_frac: float = 0.2
-    """share of max_new_tokens, at its end, over which the overlong penalty grows: it scales with the budget (DAPO: the last 4,096 of 20,480 tokens, 0.2)"""
-
-    # --- further options (not in the paper) ---
-    gamma: float = 1.0
-    """discount; 1 in the paper (one reward at the end of the response)"""
-    value_clip: float | None = None
-    """PPO value clipping range (our option; the paper does not state it; none = off)"""
-    whiten_advantages: bool = False
-    """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
-    kl_coef: float = 0.0
-    """beta of a KL penalty to the initial policy in the policy loss, beta * KL(pi || pi_init) per token (k3, as GRPO and verl's use_kl_loss), aggregated as the policy loss (our option, a lever of the long-chain study; the paper, like DAPO, has none: 0 = off, no reference model is kept)"""
-    truncated_reward: str = "wrong"
-    """what a response cut at max_new_tokens (no EOS) earns: "wrong" (the wrong reward, whatever it stated on the way: it never committed to a final answer) or "graded" (its text graded as if it had ended, as verl's reward functions do); the paper does not say"""
-    critic_offset: str | None = None
-    """"exact:OFFSET:SLOPE": a constructed reference critic of a known bias for the mechanism lab (docs/lab.md, experiment 1), not a technique of the paper: V(s_t) = V*_0(s_t) + b(t) + h(s_t), V*_0 the task's exact values (task.ExactValues) fitted before step 0 on 256 responses of the initial policy (one to each of 256 training prompts of a stream of their own, at the training temperature), b(t) = OFFSET + SLOPE * t / 100 (t the response token's index from 0; V = 0 after the last token), h the critic network with its head set to zero (so V starts at V*_0 + b); GAE sees V, and the value loss (value pretraining's too) trains h alone, on returns - V*_0 - b. The built-in long task only (--dataset builtin-long), with a critic (not grpo or dapo), in one process, without dynamic sampling; none = off"""
-
-    # ---- derived values -----------------------------------------------------------------------------------
-    @property
-    def group_size(self) -> int:
-        """G as used: samples_per_prompt, or 1 without group sampling."""
-        return self.samples_per_prompt if self.group_sampling else 1
-
-    @property
-    def prompts_per_rollout(self) -> int:
-        """Prompts per step as used: without group sampling, as many prompts as there are samples."""
-        return self.prompts_per_step if self.group_sampling else self.prompts_per_step * self.samples_per_prompt
-
-    @property
-    def batch_size(self) -> int:
-        """B, samples per step (the same with or without group sampling)."""
-        return self.prompts_per_step * self.samples_per_prompt
-
-    @property
-    def overlong_cache(self) -> int:
-        """Tokens before max_new_tokens over which the overlong penalty grows: overlong_cache_frac of the budget."""
-        return round(self.overlong_cache_frac * self.max_new_tokens)
-
-    @property
-    def critic_apart(self) -> bool:
-        """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
-        return self.critic_mini_batch_size is not None or self.critic_epochs is not None
-
-    @property
-    def critic_bias(self) -> tuple[float, float] | None:
-        """(OFFSET, SLOPE) of --critic-offset exact:OFFSET:SLOPE, or None without it."""
-        return None if self.critic_offset is None else config.parse_critic_offset(self.critic_offset)
-
-    @property
-    def eps_high_used(self) -> float:
-        return self.eps_high if self.clip_higher else self.eps_low
-
-    @property
-    def loss_agg(self) -> str:
-        return "token-mean" if self.token_level_loss else "seq-mean-token-mean"
-
-    def validate(self) -> "Config":
-        """ValueError naming the first option that cannot work, and why (config.validate)."""
-        return config.validate(self, ALGORITHMS)
-
-
-# Algorithms: named sets of the switches above, applied over the preset and under what the user types, so
-# `--algo grpo --clip-higher` is GRPO with clip-higher. PPO, GRPO and DAPO are the paper's baselines (section 4).
-ALGORITHMS: dict[str, dict] = {
-    "vapo": {},
-    # vanilla PPO: a critic without value pretraining, one lambda (0.95) for critic and policy, symmetric clip,
-    # sample-level loss, no positive NLL, one sample per prompt (the same number of samples per step)
-    "ppo": dict(value_pretraining=False, decoupled_gae=False, length_adaptive=False, lam_policy_fixed=0.95,
-                clip_higher=False, token_level_loss=False, positive_nll=False, group_sampling=False),
-    # GRPO: no critic; the group-normalised reward is every token's advantage; symmetric clip; sample-level loss;
-    # no KL term (DAPO and VAPO drop it too)
-    "grpo": dict(group_advantage=True, value_pretraining=False, clip_higher=False, token_level_loss=False,
-                 positive_nll=False, whiten_advantages=False),
-    # DAPO: GRPO with clip-higher, the token-level loss, dynamic sampling and the soft overlong punishment
-    "dapo": dict(group_advantage=True, value_pretraining=False, clip_higher=True, token_level_loss=True,
-                 positive_nll=False, whiten_advantages=False, dynamic_sampling=True, overlong_shaping=True),
-}
 
 parallel = SingleProcess()  # how the loop sees the whole batch; scale/train.py replaces it (run.SingleProcess)
 
@@ -563,7 +379,7 @@ def with_critic_offset(scored: dict, fixed: CriticOffset | None, rollout: Rollou
         V(s_t) = V*_0(s_t) + b(t) + h(s_t)        fixed(rollout, problems) = V*_0 + b   [B, T], no parameter
 
     scored["values"] is h, the network's output; it becomes V, the values GAE and the logs see, and
-    scored["critic_offset"] keeps V*_0 + b for the critic's micro-step (micro_batch_losses), which adds it to h
+    scored["critic_offset"] keeps V*_0 + b for the critic's micro-step (update), which adds it to h
     again: the value loss 0.5 (V - R)^2 = 0.5 (h - (R - V*_0 - b))^2 regresses h on R - V*_0 - b, and only h has
     gradients. problems [B]: row b's prompt. fixed None: scored unchanged."""
     if fixed is None:
@@ -617,104 +433,73 @@ def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor 
 
 def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Tensor], cfg: Config,
            train_policy: bool = True) -> dict[str, float]:
-    """Phase 5: shuffled mini-batches; per mini-batch one optimizer step of each model.
+    """Phase 5: for each epoch, each shuffled mini-batch, each micro-batch (gradients accumulate), the losses
 
-        policy: L = L_PPO(clip-higher, token-level) + mu * L_NLL(correct samples)      (Eq. 8 and 9)
-        critic: L_V = 0.5 * (V - R)^2 (aggregated as the policy loss is)
+        policy: L = L_PPO(ratio clipped to [1 - eps_low, 1 + eps_high], token-level)  (Eq. 8, techniques 4, 5)
+                    + beta * KL(pi || pi_init)  (our option, --kl-coef)  + mu * L_NLL(correct samples)  (Eq. 9, 6)
+        critic: L_V = 0.5 * (V - R)^2, aggregated as the policy loss is, clipped around the old values (--value-clip)
 
-    Micro-batches accumulate gradients; the losses are normalised by the whole mini-batch's token counts, so
-    the micro-batch size never changes the result. Sharded (scale/), each process holds its share of the batch
-    and of every mini-batch (mini_batch_size / world size rows). A mini-batch whose loss or gradient is not
-    finite is skipped (no optimizer step, none of its figures averaged in), counted in `skipped_nonfinite` and
-    named in `nonfinite_cause` (e.g. "policy loss, policy gradient"). The losses are in micro_batch_losses;
-    the rules of sharding in mini_batches and micro_batches, of skipping in step_or_skip, of the logged figures
-    in record_policy and record_critic.
-
-    With cfg.critic_apart the critic is trained on its own terms, as verl's critic is: after the policy's loop, a
-    loop of its own over critic_epochs passes of critic_mini_batch_size samples (the same targets: the returns
-    were fixed in phase 4); else it steps beside the policy on each of the actor's mini-batches.
-
-    batch: "values", "returns" [B, T] (and "critic_offset" [B, T] with --critic-offset: V*_0 + b, added to the
-    critic's output); for the policy also "old_logprobs", "advantages" [B, T] and "positive" [B] bool.
-    train_policy False: critic only (value pretraining). critic None (GRPO, DAPO): the policy only, and batch needs
-    no "values" or "returns".
-    """
-    models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
-    for m in models.values():
-        m.train()
-    loops = [(models, cfg.mini_batch_size, cfg.ppo_epochs)]
-    if critic is not None and cfg.critic_apart:  # the critic's own mini-batches and epochs, after the policy's
-        loops = [({"critic": critic}, cfg.critic_mini_batch_size or cfg.mini_batch_size,
-                  cfg.critic_epochs or cfg.ppo_epochs)]
-        if train_policy:
-            loops.insert(0, ({"policy": policy}, cfg.mini_batch_size, cfg.ppo_epochs))
+    then one optimizer step of each model, its gradient norm clipped. Each loss is normalised by the whole
+    mini-batch's counts, so the micro-batch size never changes the result; the policy's backward runs before the
+    critic's forward, so the two graphs are never alive at once. A mini-batch with a loss or gradient that is not
+    finite is skipped whole (step_or_skip). batch: "old_logprobs", "advantages" [B, T] and "positive" [B] for the
+    policy, "values", "returns" [B, T] for the critic ("ref_logprobs", "critic_offset" with their options).
+    train_policy False: the critic alone (value pretraining); critic None (GRPO, DAPO): the policy alone."""
     stats, causes = Mean(), []
-    for trained, size, epochs in loops:
-        for mb, counts in mini_batches(rollout, batch, cfg, "policy" in trained, size, epochs):
+    for models, size, epochs in update_loops(policy, critic, cfg, train_policy):
+        for mb, counts in mini_batches(rollout, batch, cfg, "policy" in models, size, epochs):
+            n_tokens, n_seqs, n_positive = counts  # of the whole mini-batch (every process's share)
             mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
-            for sub, part in micro_batches(rollout, batch, mb, cfg):
-                bad += micro_batch_losses(trained.get("policy"), trained.get("critic"), sub, part, counts, cfg,
-                                          mb_stats)
-            if "policy" in trained and cfg.positive_nll and counts[2] > 0:  # the NLL's weight beside a token's PG
-                mb_stats.add({"nll_weight": cfg.mu * counts[0] / counts[2]})
-            cause = step_or_skip(trained, optimizers, cfg, mb_stats, bad)
+            for sub, d in micro_batches(rollout, batch, mb, cfg):
+                m = sub.response_mask  # [b, T]
+                if "policy" in models:
+                    with autocast(cfg, m.device):
+                        logprobs, _ = response_logprobs(models["policy"], sub, cfg.temperature)  # [b, T]
+                    pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low,
+                                                    cfg.eps_high_used, cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8
+                    loss = pg_loss if cfg.policy_gradient else 0.0 * pg_loss  # off: a control (its stats still logged)
+                    kl_stats = nll = None
+                    if cfg.kl_coef > 0:
+                        kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
+                        loss = loss + cfg.kl_coef * kl
+                    if cfg.positive_nll:  # Eq. 9
+                        nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
+                        loss = loss + cfg.mu * nll
+                    bad += nonfinite(loss, "policy loss")
+                    loss.backward()
+                    record_policy(mb_stats, m, d["positive"], counts, pg_loss, pg_stats, kl_stats, nll)
+                if "critic" in models:
+                    with autocast(cfg, m.device):
+                        values = response_values(models["critic"], sub)  # [b, T]
+                    if "critic_offset" in d:  # --critic-offset: V = (V*_0 + b) + h, h alone trainable
+                        values = values + d["critic_offset"]
+                    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg,
+                                                 n_tokens, n_seqs)
+                    bad += nonfinite(v_loss, "value loss")
+                    v_loss.backward()
+                    record_critic(mb_stats, m, counts, cfg, v_loss, v_stats)
+            if "policy" in models and cfg.positive_nll and n_positive > 0:  # the NLL's weight beside a token's PG
+                mb_stats.add({"nll_weight": cfg.mu * n_tokens / n_positive})
+            cause = step_or_skip(models, optimizers, cfg, mb_stats, bad)  # clip and step, or skip it all
             if cause is None:
                 stats.merge(mb_stats)
             else:  # nothing of it is applied or averaged into the step's figures
                 causes.append(cause)
-    out = stats.result()
-    out["skipped_nonfinite"] = len(causes)
-    if causes:
-        out["nonfinite_cause"] = "; ".join(dict.fromkeys(causes))
-    return out
+    return stats.result() | {"skipped_nonfinite": len(causes)} | (
+        {"nonfinite_cause": "; ".join(dict.fromkeys(causes))} if causes else {})
 
 
-def micro_batch_losses(policy, critic, sub: Rollout, d: dict, counts: tuple, cfg: Config, stats: "Mean") -> list[str]:
-    """The losses of one micro-batch, in the order of the paper's equations, each backpropagated at once
-    (gradients accumulate over the mini-batch's micro-batches):
-
-        policy: L = L_PPO(ratio clipped to [1 - eps_low, 1 + eps_high], token-level or sample-level)    (Eq. 8)
-                    + beta * KL(pi || pi_init)   (our option, --kl-coef)
-                    + mu * L_NLL(correct samples)                                                         (Eq. 9)
-        critic: L_V = 0.5 * (V - R)^2, aggregated as the policy loss is (cfg.loss_agg: token-level for VAPO
-                and DAPO, per sample for PPO and GRPO, as verl's critic follows its actor's loss_agg_mode),
-                clipped around the old values with cfg.value_clip
-
-    Each is normalised by the whole mini-batch's counts (tokens, non-empty samples, tokens of correct samples),
-    so that the micro-batch size never changes the result. The policy's backward runs before the critic's
-    forward: the two graphs are never alive at once. policy None: critic only (value pretraining); critic None:
-    policy only (GRPO, DAPO).
-    Returns the non-finite losses found (e.g. ["policy loss"])."""
-    n_tokens, n_seqs, n_positive = counts
-    m = sub.response_mask  # [b, T]
-    bad, kl_stats, nll = [], None, None
-    if policy is not None:
-        with autocast(cfg, sub.response_ids.device):
-            logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
-        pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low, cfg.eps_high_used,
-                                        cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8: techniques 4 and 5
-        # --no-policy-gradient (a control): the term is kept at weight 0 (its clip statistics are still logged)
-        loss = pg_loss if cfg.policy_gradient else 0.0 * pg_loss
-        if cfg.kl_coef > 0:  # our option: beta * KL(pi || pi_init), aggregated as the policy loss
-            kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
-            loss = loss + cfg.kl_coef * kl
-        if cfg.positive_nll:  # Eq. 9: technique 6
-            nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
-            loss = loss + cfg.mu * nll
-        bad += nonfinite(loss, "policy loss")
-        loss.backward()  # the policy's graph freed before the critic's forward
-        record_policy(stats, m, d["positive"], counts, pg_loss, pg_stats, kl_stats, nll)
-    if critic is not None:
-        with autocast(cfg, sub.response_ids.device):
-            values = response_values(critic, sub)  # [b, T]
-        if "critic_offset" in d:  # --critic-offset: V = (V*_0 + b) + h, h alone trainable (with_critic_offset)
-            values = values + d["critic_offset"]
-        v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg, n_tokens,
-                                     n_seqs)
-        bad += nonfinite(v_loss, "value loss")
-        v_loss.backward()
-        record_critic(stats, m, counts, cfg, v_loss, v_stats)
-    return bad
+def update_loops(policy, critic, cfg: Config, train_policy: bool) -> list[tuple[dict, int, int]]:
+    """The update's loops, each (models, mini-batch size, epochs), the models set to train mode: one loop of both
+    models on the actor's mini-batches; or, with cfg.critic_apart, the critic on its own terms as verl's is, a loop
+    of its own (critic_mini_batch_size, critic_epochs) after the policy's, on the same targets."""
+    models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
+    for model in models.values():
+        model.train()
+    if critic is None or not cfg.critic_apart:
+        return [(models, cfg.mini_batch_size, cfg.ppo_epochs)]
+    own = ({"critic": critic}, cfg.critic_mini_batch_size or cfg.mini_batch_size, cfg.critic_epochs or cfg.ppo_epochs)
+    return ([({"policy": policy}, cfg.mini_batch_size, cfg.ppo_epochs)] if train_policy else []) + [own]
 
 
 def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool, size: int, epochs: int):

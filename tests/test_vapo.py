@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(dataset="builtin", steps=2, prompts_per_step=4, samples_per_prompt=2, mini_batch_size=4,
             micro_batch_size=2, max_new_tokens=24, actor_lr=1e-3, critic_lr=1e-3, warmup_steps=1,
             value_pretrain_steps=1, eval_every=0, eval_prompts=4, eval_samples=2, save_every=0, alpha=0.5,
-            truncated_reward="graded")  # a random tiny model never ends in 24 tokens: its texts are graded
+            truncated_reward="graded",  # a random tiny model never ends in 24 tokens: its texts are graded
+            whiten_advantages=False, value_pretrain_ev=None, eval_batch_size=None, overlong_cache_frac=0.2)
 
 
 def tiny_config(model_dir, out_dir, **kw):
@@ -45,13 +46,18 @@ def weights(folder):
 
 # ---- config -----------------------------------------------------------------------------------------------
 
-def test_defaults_are_the_papers():
+def test_defaults_are_the_demos_and_the_paper_preset_the_papers():
+    """Config's defaults are what `python vapo.py` runs (the demo preset sets nothing beyond them but its model and
+    data); --preset paper has the paper's values (section 4.1) side by side with them in config.PRESET_TABLE."""
     c = Config()
-    assert (c.actor_lr, c.critic_lr, c.eps_low, c.eps_high, c.mu, c.alpha, c.lam_critic) == \
+    assert {k: getattr(c, k) for k in config.PRESETS["demo"]} == config.PRESETS["demo"]
+    p = Config(**config.PRESETS["paper"])
+    assert (p.actor_lr, p.critic_lr, p.eps_low, p.eps_high, p.mu, p.alpha, p.lam_critic) == \
         (1e-6, 2e-6, 0.2, 0.28, 0.1, 0.05, 1.0)
-    assert (c.prompts_per_step, c.samples_per_prompt, c.mini_batch_size, c.value_pretrain_steps) == (512, 16, 512, 50)
-    assert (c.eval_samples, c.eval_temperature, c.eval_top_p) == (32, 1.0, 0.7)
-    assert c.batch_size == 8192 and c.loss_agg == "token-mean" and c.eps_high_used == 0.28
+    assert (p.prompts_per_step, p.samples_per_prompt, p.mini_batch_size, p.value_pretrain_steps) == (512, 16, 512, 50)
+    assert (p.eval_samples, p.eval_temperature, p.eval_top_p) == (32, 1.0, 0.7)
+    assert p.batch_size == 8192 and p.loss_agg == "token-mean" and p.eps_high_used == 0.28
+    assert all(len(row) == len(config.PRESET_NAMES) for row in config.PRESET_TABLE.values())
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.mu = 0.5
 
@@ -60,7 +66,7 @@ def test_defaults_are_the_papers():
     (dict(clip_higher=True, eps_low=0.3, eps_high=0.2), "--eps-high"),
     (dict(alpha=0.0), "--alpha"),
     (dict(prompts_per_step=3, samples_per_prompt=2, mini_batch_size=4), "--mini-batch-size"),
-    (dict(mini_batch_size=512, micro_batch_size=5), "--micro-batch-size"),
+    (dict(mini_batch_size=64, micro_batch_size=5), "--micro-batch-size"),
     (dict(temperature=0.0), "--temperature"),
 ])
 def test_validation_names_the_option(overrides, option):
@@ -393,7 +399,7 @@ def test_advantage_by_position_is_the_raw_advantage_split():
     from losses import head_mask, masked_mean
     ro = FakeRollout([10, 40], T=40)
     scores, values = torch.tensor([1.0, -1.0]), torch.rand(2, 40) * ro.response_mask
-    raw, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5))
+    raw, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, whiten_advantages=False))
     stats = {}
     whitened, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, whiten_advantages=True), stats)
     head = head_mask(ro.response_mask)
@@ -552,7 +558,8 @@ def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     widths = []
     forward = tiny_policy.forward
     tiny_policy.forward = lambda *a, **kw: (widths.append(kw["input_ids"].shape[0]), forward(*a, **kw))[1]
-    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=8)
+    cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=8,
+                 eval_batch_size=None)
     verifier = Verifier(arith_reward, 0)
     bounded = vapo.evaluate(engine, rows, cfg, verifier)
     assert max(widths) == 4  # 2 prompts x 2 samples per pass, never the 12 rows of all 6 prompts at once
@@ -636,14 +643,19 @@ def test_the_critic_loss_is_aggregated_as_the_policy_loss(monkeypatch, algo, agg
     ro.response_ids = torch.zeros(2, 4, dtype=torch.long)
     returns = torch.tensor([[1.0, 0, 0, 0], [-1.0, -1.0, -1.0, -1.0]])
     d = {"returns": returns, "values": torch.zeros(2, 4)}
-    stats = vapo.Mean()
-    assert vapo.micro_batch_losses(None, object(), ro, d, (5.0, 2.0, 0.0), cfg, stats) == []  # the critic only
+    # the update's loops over this one micro-batch, the critic alone; its gradient kept at the optimizer step
+    monkeypatch.setattr(vapo, "mini_batches", lambda *args: iter([(torch.arange(2), (5.0, 2.0, 0.0))]))
+    monkeypatch.setattr(vapo, "micro_batches", lambda *args: iter([(ro, d)]))
+    grads = []
+    monkeypatch.setattr(vapo, "step_or_skip", lambda models, optimizers, cfg, stats, bad: grads.append(
+        (values.grad.clone(), bad)) and None)
+    out = vapo.update(None, torch.nn.Linear(1, 1), {}, ro, d, cfg, train_policy=False)
+    assert len(grads) == 1 and grads[0][1] == []  # one mini-batch, every loss finite
     expected = aggregate(0.5 * returns ** 2, ro.response_mask, agg)
-    grad = values.grad.clone()
     values.grad = None
     (aggregate(0.5 * (values - returns) ** 2, ro.response_mask, agg)).backward()
-    torch.testing.assert_close(grad, values.grad)  # the same gradient as the policy's aggregation gives
-    assert stats.result()["value_loss"] == pytest.approx(float(expected))
+    torch.testing.assert_close(grads[0][0], values.grad)  # the same gradient as the policy's aggregation gives
+    assert out["value_loss"] == pytest.approx(float(expected))
 
 
 def test_dynamic_sampling_refills_from_the_main_stream_without_repeats():
