@@ -28,7 +28,6 @@ Differences from the papers: neither paper specifies its verifier's code. Ours f
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -36,16 +35,16 @@ import json
 import logging
 import math
 import multiprocessing
-import multiprocessing.connection
 import operator
 import os
 import pickle
 import re
 import signal
 import sys
-import threading
-import time
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
+
+import pebble
 
 try:  # optional: only math datasets need it (_math_verify says so when it is missing)
     import math_verify
@@ -79,14 +78,11 @@ MAX_INTEGER_DIGITS = 30
 DEFAULT_MAX_WORKERS = 8
 """Cap on score_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
 samples per step need no more."""
-STARTUP_TIMEOUT_S = 120.0
-"""How long a new worker may take to start (it re-imports the main script under spawn) before it is an error."""
-_WORKER_NAME = "reward-worker"
 _EXIT_UNGUARDED_MAIN = 86
 """Exit code of a worker that found the main script calling score_batch while the worker imported it."""
 _UNGUARDED_MAIN_MESSAGE = (
-    "score_batch: the scoring workers could not start, because the main script calls score_batch as soon as it "
-    "is imported. The workers are started with the 'spawn' method, which imports the main script again in each "
+    "score_batch: the scoring workers could not start (if they printed a traceback, it says why). The usual cause: "
+    "the main script calls score_batch as soon as it is imported. The workers are started with the 'spawn' method, which imports the main script again in each "
     "worker (as \"__mp_main__\"), so each worker would try to start workers of its own. Fix: put the script's "
     "entry code under `if __name__ == \"__main__\":`, or pass num_workers=0 to score in this process (no time "
     "bound, only for cheap verifiers such as arith_reward).")
@@ -474,73 +470,38 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
 # Parallel, time-bounded scoring
 # ---------------------------------------------------------------------------------------------------------
 
-_READY = "ready"
-
-
-class _CutShort:
-    """Counts math_equal's soft-bound expiries in this process (count grows by one per comparison cut short)."""
-
-    @property
-    def count(self) -> int:
-        return _soft_bound_expiries
-
-
 @contextlib.contextmanager
-def _math_verify_timeouts():
-    """Inside: the comparisons cut short at math_equal's soft bound are counted (the counter yielded), and
-    math-verify's log records go nowhere else, so none reaches the console (unconfigured logging prints WARNINGs
-    to stderr, some quoting the answer however long). score_batch reports the counts instead. The logger's
-    settings are restored on exit."""
+def _quiet_math_verify():
+    """Inside: math-verify's log records go nowhere, so none reaches the console (unconfigured logging prints
+    WARNINGs to stderr, some quoting the answer however long); score_batch counts what they would report. The
+    logger's settings are restored on exit."""
     log = logging.getLogger("math_verify")
     level, propagate = log.level, log.propagate
     log.setLevel(logging.ERROR)
     log.propagate = False
     try:
-        yield _CutShort()
+        yield
     finally:
         log.setLevel(level)
         log.propagate = propagate
 
 
-def _worker_main(conn) -> None:
-    """Body of a scoring process: for each pickled (verifier, response, gold) received, send back
-    ("ok", score, cut_short) or ("error", message, cut_short), where cut_short says whether math_equal's soft
-    bound cut that item short. Exits when the parent closes the pipe."""
-    # Ctrl-C reaches the whole process group; the parent decides what happens to its workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn.send(_READY)
-    with _math_verify_timeouts() as timeouts:
-        while True:
-            try:
-                job = conn.recv_bytes()
-            except (EOFError, OSError):
-                return
-            before = timeouts.count
-            try:  # unpickling is inside: a verifier the worker cannot import is that item's error, not a crash
-                verifier, response, gold = pickle.loads(job)
-                reply = ("ok", float(verifier(response, gold)))
-            except Exception as exc:  # any failure of the verifier is reported, and the worker carries on
-                reply = ("error", f"{type(exc).__name__}: {exc}"[:300])
-            conn.send((*reply, timeouts.count > before))
+def _start_worker() -> None:
+    """Run by pebble in each new worker before its first item."""
+    # pebble stops a timed-out worker with SIGTERM and waits 3 s before SIGKILL. Its SIGTERM handler is Python,
+    # which cannot run while the worker computes in C (a huge integer power): the default action ends it at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _quiet_math_verify().__enter__()  # for the worker's whole life: its stderr is the console
 
 
-class _Worker:
-    """One scoring process, the index of the item it is scoring (None when idle), and its deadline: for the
-    item if busy, for start-up if not yet ready."""
+def _score_item(verifier: bytes, response: str, gold: str) -> tuple[float, bool]:
+    """In a worker: (verifier(response, gold), whether math_equal's soft bound cut it short).
 
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name=_WORKER_NAME)
-        self.proc.start()
-        child.close()  # our copy must go, or we would never see EOF when the worker dies
-        self.ready = False
-        self.job: int | None = None
-        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join()
-        self.conn.close()
+    The verifier comes pickled and is unpickled here: pebble unpickles its tasks outside any task, where a
+    verifier the worker cannot import would end the worker and leave the item waiting forever."""
+    before = _soft_bound_expiries
+    score = float(pickle.loads(verifier)(response, gold))
+    return score, _soft_bound_expiries > before
 
 
 class _Tally:
@@ -557,118 +518,65 @@ class _Tally:
             self.examples.append(message)
 
 
-class _WorkerPool:
-    """num_workers persistent processes (spawn start method) that score items one at a time, each under a
-    hard deadline. A worker past its deadline is killed and replaced; one that dies is replaced; either way
-    only its own item is lost (scored as wrong), and the others continue."""
+_pools: dict[tuple[int, int], pebble.ProcessPool] = {}
+"""The persistent pools, by (workers, pid): the pid because a forked child must make its own."""
 
-    def __init__(self, num_workers: int):
+
+def _pool(num_workers: int) -> pebble.ProcessPool:
+    """This process's pool of num_workers workers, started by the first score_batch that needs it (or again if
+    it broke) and kept for later calls, so start-up is paid once."""
+    key = (num_workers, os.getpid())
+    if key not in _pools or not _pools[key].active:
         # spawn, not fork: forking a trainer that runs torch threads can deadlock the child.
-        self._ctx = multiprocessing.get_context("spawn")
-        self._num_workers = num_workers
-        self._workers: list[_Worker] = []
-        self._lock = threading.Lock()  # one batch at a time: replies are matched to workers, not tagged
-        self._pid = os.getpid()
-        atexit.register(self.close)
+        _pools[key] = pebble.ProcessPool(num_workers, initializer=_start_worker,
+                                          context=multiprocessing.get_context("spawn"))
+    return _pools[key]
 
-    def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers]
 
-    def close(self) -> None:
-        if os.getpid() != self._pid:  # a forked copy must not kill its parent's workers
-            return
-        for w in self._workers:
-            w.kill()
-        self._workers = []
+@atexit.register
+def _stop_pools() -> None:
+    for (_, pid), pool in list(_pools.items()):
+        if pid == os.getpid():  # a forked copy must not stop its parent's workers
+            pool.stop()
+            pool.join()
 
-    def score(self, verifier: Callable, jobs: dict[int, tuple[str, str]], timeout_s: float,
-              scores: list[float]) -> _Tally:
-        """Write verifier(*jobs[i]) into scores[i] for every i; failed items keep what scores holds."""
-        with self._lock:
-            try:
-                return self._run(verifier, jobs, timeout_s, scores)
-            except BaseException:
-                # A half-finished batch leaves replies in flight that would be read as the next batch's.
-                self.close()
-                raise
 
-    def _run(self, verifier, jobs, timeout_s, scores) -> _Tally:
-        tally = _Tally()
-        todo = collections.deque(jobs)
-        while len(self._workers) < self._num_workers:
-            self._workers.append(_Worker(self._ctx))
-        while todo or any(w.job is not None for w in self._workers):
-            self._dispatch(todo, verifier, jobs, timeout_s)
-            next_deadline = min(w.deadline for w in self._workers)  # idle, ready workers have none (inf)
-            wait_s = None if next_deadline == math.inf else max(0.0, next_deadline - time.monotonic())
-            ready = multiprocessing.connection.wait([w.conn for w in self._workers], timeout=wait_s)
-            for w in [w for w in self._workers if w.conn in ready]:
-                self._receive(w, scores, tally)
-            self._expire(scores, tally)
-        return tally
-
-    def _dispatch(self, todo, verifier, jobs, timeout_s) -> None:
-        for w in self._workers:
-            if not todo:
-                return
-            if w.ready and w.job is None:
-                i = todo.popleft()
-                try:
-                    w.conn.send_bytes(pickle.dumps((verifier, *jobs[i])))
-                except OSError:  # it died while idle: not this item's fault, so the item goes back
-                    todo.appendleft(i)
-                    self._replace(w)
-                    continue
-                w.job, w.deadline = i, time.monotonic() + timeout_s
-
-    def _receive(self, w: _Worker, scores, tally: _Tally) -> None:
+def _score_in_pool(verifier: Callable, jobs: dict[int, tuple[str, str]], num_workers: int, timeout_s: float,
+                   scores: list[float], tally: _Tally, retry: bool = True) -> None:
+    """Write verifier(*jobs[i]) into scores[i] for every i, each item bounded by timeout_s (pebble kills the
+    worker and starts another); failed items keep what scores holds and are counted in tally."""
+    pool, payload = _pool(num_workers), pickle.dumps(verifier)
+    futures = {i: pool.schedule(_score_item, (payload, *job), timeout=timeout_s) for i, job in jobs.items()}
+    lost = {}
+    for i, future in futures.items():
         try:
-            message = w.conn.recv()
-        except (EOFError, OSError):
-            w.proc.join(timeout=1.0)  # for its exit code
-            if not w.ready and w.proc.exitcode == _EXIT_UNGUARDED_MAIN:
-                raise RuntimeError(_UNGUARDED_MAIN_MESSAGE) from None
-            if not w.ready:
-                raise RuntimeError(f"a scoring worker exited with code {w.proc.exitcode} while starting; "
-                                   "its stderr says why") from None
-            if w.job is not None:
-                tally.error(f"worker died with exit code {w.proc.exitcode}")
-            self._replace(w)
-            return
-        if message == _READY:
-            w.ready, w.deadline = True, math.inf
-            return
-        status, value, cut_short = message
-        tally.cut_short += cut_short
-        if status == "ok" and math.isfinite(value):
-            scores[w.job] = value
-        else:
-            tally.error(value if status == "error" else f"non-finite score {value}")
-        w.job, w.deadline = None, math.inf
-
-    def _expire(self, scores, tally: _Tally) -> None:
-        now = time.monotonic()
-        for w in list(self._workers):
-            if w.deadline > now:
-                continue
-            if not w.ready:
-                raise RuntimeError(f"a scoring worker did not start within {STARTUP_TIMEOUT_S} s")
-            if w.conn.poll():  # the answer arrived just in time
-                self._receive(w, scores, tally)
-                continue
+            score, cut_short = future.result()
+        except TimeoutError:
             tally.timeouts += 1
-            self._replace(w)
-
-    def _replace(self, w: _Worker) -> None:
-        w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx)
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_pool(num_workers: int, pid: int) -> _WorkerPool:
-    """The persistent pool of this size for this process (pid in the key: a forked child gets its own),
-    started lazily by the first score_batch that needs it and closed at interpreter exit."""
-    return _WorkerPool(num_workers)
+        except BrokenProcessPool:  # every worker died outside any item pebble knew to be running
+            lost[i] = jobs[i]
+        except pebble.ProcessExpired as exc:  # its worker died (pebble starts another)
+            tally.error(f"worker died with exit code {exc.exitcode}")
+        except Exception as exc:  # the verifier's own error, raised again here by pebble
+            tally.error(f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            tally.cut_short += cut_short
+            if math.isfinite(score):
+                scores[i] = score
+            else:
+                tally.error(f"non-finite score {score}")
+    if not lost:
+        return
+    # A pool breaks when its workers cannot start, and (rarely) when a worker dies before pebble has seen it
+    # take its item. A fresh pool scores the lost items once more; if it breaks too, before scoring any, the
+    # workers cannot start.
+    if retry:
+        _score_in_pool(verifier, lost, num_workers, timeout_s, scores, tally, retry=False)
+    elif len(lost) == len(jobs):
+        raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
+    else:
+        for _ in lost:
+            tally.error("the worker pool broke")
 
 
 def _default_num_workers() -> int:
@@ -702,13 +610,12 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     """verifier(responses[i], golds[i]) for every i, in input order, each bounded in time.
 
     The trainer's reward phase (VAPO, arXiv 2504.05118: one reward per sample, placed at its last token).
-    Items are scored in `num_workers` worker processes (default: the CPUs available to this process, at most
-    DEFAULT_MAX_WORKERS), one item at a time per worker, each under a hard wall-clock bound of timeout_s
-    seconds from when it is sent to a worker (on a fresh worker this includes importing the verifier's
-    module). The pool is started on first use and kept for later calls (one per num_workers), so start-up
-    (about 1-2 s, more if the main script has heavy imports, since spawn re-imports it) is paid once per
-    process; it is closed at interpreter exit. Processes, not threads: math_equal's soft bound uses
-    SIGALRM, and only a process can be killed when it hangs in C code.
+    Items are scored in a pebble.ProcessPool of `num_workers` worker processes (default: the CPUs available to
+    this process, at most DEFAULT_MAX_WORKERS), one item at a time per worker, each under a hard wall-clock
+    bound of timeout_s seconds from when a worker takes it. The pool is started on first use and kept for later
+    calls (one per num_workers), so start-up (about 1-2 s, more if the main script has heavy imports, since
+    spawn re-imports it) is paid once per process; it is stopped at interpreter exit. Processes, not threads:
+    math_equal's soft bound uses SIGALRM, and only a process can be killed when it hangs in C code.
 
     Scored as `wrong` without a verdict, and counted, never silently: an item that exceeds timeout_s (its
     worker is killed and replaced), a verifier that raises or returns a non-finite number, a worker that dies
@@ -740,22 +647,21 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     oversized = len(responses) - len(jobs)
     tally = _Tally()
     if num_workers == 0:
-        with _math_verify_timeouts() as timeouts:
+        with _quiet_math_verify():
             for i, (response, gold) in jobs.items():
-                before = timeouts.count
+                before = _soft_bound_expiries
                 scores[i] = float(verifier(response, gold))
-                tally.cut_short += timeouts.count > before
+                tally.cut_short += _soft_bound_expiries > before
     elif jobs:
         process = multiprocessing.current_process()
         if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
             # This process is a spawned child importing its parent's main script, which called score_batch at
             # import time. Starting a pool here would fail with a long multiprocessing traceback. Our own
-            # worker exits with a code the parent turns into one clear error; any other process raises it.
-            if process.name == _WORKER_NAME:
+            # worker exits quietly and the parent raises one clear error; any other process raises it.
+            if process.name == pebble.pool.process.WORKERS_NAME:
                 sys.exit(_EXIT_UNGUARDED_MAIN)
             raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
-        pool = _shared_pool(num_workers or _default_num_workers(), os.getpid())
-        tally = pool.score(verifier, jobs, timeout_s, scores)
+        _score_in_pool(verifier, jobs, num_workers or _default_num_workers(), timeout_s, scores, tally)
     timeouts = tally.timeouts + tally.cut_short
     if stats is not None:
         stats.update({"reward/timeouts": timeouts, "reward/errors": tally.errors, "reward/oversized": oversized})
