@@ -22,29 +22,25 @@ Public functions:
     check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
     Verifier(fn, workers)                     a verifier and where it runs: what the trainer passes around
 
+The machinery that bounds these rules in time is bounds.py: the soft SIGALRM bound that math_equal and
+reasoning_gym_reward compare under, and score_batch's process pool (pebble) with its hard bound per item.
+
 Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
 ("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
-import multiprocessing
 import operator
 import os
-import pickle
 import re
-import signal
-import sys
-from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
-import pebble
+import bounds
 
 try:  # optional: only math datasets need it (_math_verify says so when it is missing)
     import math_verify
@@ -64,9 +60,6 @@ ITEM_TIMEOUT_S = 5.0
 MATH_VERIFY_TIMEOUT_S = 2
 """math_equal's soft bound (seconds) per comparison, parsing included. It lets a worker give up on most
 pathological answers without being killed; the hard bound above catches the rest (time in C code)."""
-SOFT_BOUND_REPEAT_S = 0.1
-"""After the soft bound expires, its alarm repeats at this interval until the comparison has stopped: one
-interrupt can be lost (raised inside a garbage-collection callback, Python prints it and carries on)."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are wrong without parsing: no final answer to a math problem is that
 long, and parsing a 100k-digit number alone takes most of a second."""
@@ -78,15 +71,6 @@ MAX_INTEGER_DIGITS = 30
 DEFAULT_MAX_WORKERS = 8
 """Cap on score_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
 samples per step need no more."""
-_EXIT_UNGUARDED_MAIN = 86
-"""Exit code of a worker that found the main script calling score_batch while the worker imported it."""
-_UNGUARDED_MAIN_MESSAGE = (
-    "score_batch: the scoring workers could not start (if they printed a traceback, it says why). The usual cause: "
-    "the main script calls score_batch as soon as it is imported. The workers are started with the 'spawn' method, which imports the main script again in each "
-    "worker (as \"__mp_main__\"), so each worker would try to start workers of its own. Fix: put the script's "
-    "entry code under `if __name__ == \"__main__\":`, or pass num_workers=0 to score in this process (no time "
-    "bound, only for cheap verifiers such as arith_reward).")
-
 # ---------------------------------------------------------------------------------------------------------
 # Answer extraction
 # ---------------------------------------------------------------------------------------------------------
@@ -212,81 +196,6 @@ def _parse_answer(answer: str) -> list:
     return mv.parse(latex, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
 
 
-class _SoftBoundExpired(BaseException):
-    """Raised by _soft_bounded's alarm. A BaseException, as math-verify's own TimeoutException, so that the
-    `except Exception` blocks of math-verify and sympy let it through."""
-
-
-_soft_bound_expiries = 0
-"""How many _soft_bounded calls in this process were cut short: score_batch counts its items' cut_short
-from this."""
-
-
-class _QuietTimeoutNotice(logging.Filter):
-    """math-verify warns once per process that its timeouts are off and that the caller must bound the time
-    itself: math_equal does (_soft_bounded), so that warning is dropped; every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-logging.getLogger("math_verify.grader").addFilter(_QuietTimeoutNotice())
-logging.getLogger("math_verify.parser").addFilter(_QuietTimeoutNotice())
-
-
-def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
-    """fn(), or None if it ran past `seconds` of wall-clock time: SIGALRM (signal.setitimer) then raises
-    _SoftBoundExpired in the code running, and again every SOFT_BOUND_REPEAT_S until fn has stopped, so that an
-    interrupt lost in a garbage-collection callback is followed by another. Main thread only: ValueError elsewhere.
-
-    Where the alarm must not raise: in this function's own frame (its bookkeeping), and anywhere below an
-    unraisable hook. An interrupt raised in a weakref callback or __del__ cannot propagate; Python hands it to
-    sys.unraisablehook, which here is `lost` (it drops our own interrupts without formatting them, and passes
-    any other to the hook that was installed before). A repeat that fired while a hook formats a traceback
-    (pytest's reads source files) would break the hook itself: so no frame under `lost` is interrupted.
-    """
-    global _soft_bound_expiries
-    this_frame = _soft_bounded.__code__
-    previous_hook = sys.unraisablehook
-
-    def lost(unraisable):
-        if not isinstance(unraisable.exc_value, _SoftBoundExpired):
-            previous_hook(unraisable)
-
-    def under_a_hook(frame) -> bool:
-        while frame is not None:
-            if frame.f_code is lost.__code__:
-                return True
-            frame = frame.f_back
-        return False
-
-    def alarm(signum, frame):
-        if frame is not None and frame.f_code is not this_frame and not under_a_hook(frame):
-            raise _SoftBoundExpired
-
-    try:
-        previous = signal.signal(signal.SIGALRM, alarm)
-    except ValueError:
-        raise ValueError("math_equal's timeout uses SIGALRM, which only the main thread can handle: call it from "
-                         "the main thread (as score_batch's workers do), or pass timeout_s=None and bound the "
-                         "time yourself") from None
-    sys.unraisablehook = lost
-    expired = False
-    try:
-        signal.setitimer(signal.ITIMER_REAL, seconds, SOFT_BOUND_REPEAT_S)
-        result = fn()
-    except _SoftBoundExpired:
-        expired = True
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.unraisablehook = previous_hook
-    if expired:
-        _soft_bound_expiries += 1
-        return None
-    return result
-
-
 def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VERIFY_TIMEOUT_S,
                max_chars: int = MAX_ANSWER_CHARS) -> bool:
     """True if the answer `prediction` is mathematically equal to the answer `gold`.
@@ -318,7 +227,7 @@ def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VER
 
     if timeout_s is None:
         return compare()
-    equal = _soft_bounded(compare, timeout_s)
+    equal = bounds.soft_bounded(compare, timeout_s)
     return bool(equal)  # None, cut short at the bound, is not equal
 
 
@@ -405,7 +314,7 @@ def reasoning_gym_reward(response: str, gold: str, *, correct: float = CORRECT_R
     answer = extract_answer(response)
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return wrong
-    score = _soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
+    score = bounds.soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
     return correct if score is not None and float(score) >= 1.0 else wrong
 
 
@@ -466,125 +375,12 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     return (soft_limit - length) / cache_length
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Parallel, time-bounded scoring
-# ---------------------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _quiet_math_verify():
-    """Inside: math-verify's log records go nowhere, so none reaches the console (unconfigured logging prints
-    WARNINGs to stderr, some quoting the answer however long); score_batch counts what they would report. The
-    logger's settings are restored on exit."""
-    log = logging.getLogger("math_verify")
-    level, propagate = log.level, log.propagate
-    log.setLevel(logging.ERROR)
-    log.propagate = False
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-        log.propagate = propagate
-
-
-def _start_worker() -> None:
-    """Run by pebble in each new worker before its first item."""
-    # pebble stops a timed-out worker with SIGTERM and waits 3 s before SIGKILL. Its SIGTERM handler is Python,
-    # which cannot run while the worker computes in C (a huge integer power): the default action ends it at once.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _quiet_math_verify().__enter__()  # for the worker's whole life: its stderr is the console
-
-
-def _score_item(verifier: bytes, response: str, gold: str) -> tuple[float, bool]:
-    """In a worker: (verifier(response, gold), whether math_equal's soft bound cut it short).
-
-    The verifier comes pickled and is unpickled here: pebble unpickles its tasks outside any task, where a
-    verifier the worker cannot import would end the worker and leave the item waiting forever."""
-    before = _soft_bound_expiries
-    score = float(pickle.loads(verifier)(response, gold))
-    return score, _soft_bound_expiries > before
-
-
-class _Tally:
-    """What went wrong in one score_batch call, for its log line and stats: items killed at the time bound
-    (timeouts), items cut short by math_equal's soft bound (cut_short), verifier failures (errors)."""
-
-    def __init__(self):
-        self.timeouts = self.cut_short = self.errors = 0
-        self.examples: list[str] = []  # a few distinct error messages, enough to tell causes apart
-
-    def error(self, message: str) -> None:
-        self.errors += 1
-        if len(self.examples) < 3 and message not in self.examples:
-            self.examples.append(message)
-
-
-_pools: dict[tuple[int, int], pebble.ProcessPool] = {}
-"""The persistent pools, by (workers, pid): the pid because a forked child must make its own."""
-
-
-def _pool(num_workers: int) -> pebble.ProcessPool:
-    """This process's pool of num_workers workers, started by the first score_batch that needs it (or again if
-    it broke) and kept for later calls, so start-up is paid once."""
-    key = (num_workers, os.getpid())
-    if key not in _pools or not _pools[key].active:
-        # spawn, not fork: forking a trainer that runs torch threads can deadlock the child.
-        _pools[key] = pebble.ProcessPool(num_workers, initializer=_start_worker,
-                                          context=multiprocessing.get_context("spawn"))
-    return _pools[key]
-
-
-@atexit.register
-def _stop_pools() -> None:
-    for (_, pid), pool in list(_pools.items()):
-        if pid == os.getpid():  # a forked copy must not stop its parent's workers
-            pool.stop()
-            pool.join()
-
-
-def _score_in_pool(verifier: Callable, jobs: dict[int, tuple[str, str]], num_workers: int, timeout_s: float,
-                   scores: list[float], tally: _Tally, retry: bool = True) -> None:
-    """Write verifier(*jobs[i]) into scores[i] for every i, each item bounded by timeout_s (pebble kills the
-    worker and starts another); failed items keep what scores holds and are counted in tally."""
-    pool, payload = _pool(num_workers), pickle.dumps(verifier)
-    futures = {i: pool.schedule(_score_item, (payload, *job), timeout=timeout_s) for i, job in jobs.items()}
-    lost = {}
-    for i, future in futures.items():
-        try:
-            score, cut_short = future.result()
-        except TimeoutError:
-            tally.timeouts += 1
-        except BrokenProcessPool:  # every worker died outside any item pebble knew to be running
-            lost[i] = jobs[i]
-        except pebble.ProcessExpired as exc:  # its worker died (pebble starts another)
-            tally.error(f"worker died with exit code {exc.exitcode}")
-        except Exception as exc:  # the verifier's own error, raised again here by pebble
-            tally.error(f"{type(exc).__name__}: {exc}"[:300])
-        else:
-            tally.cut_short += cut_short
-            if math.isfinite(score):
-                scores[i] = score
-            else:
-                tally.error(f"non-finite score {score}")
-    if not lost:
-        return
-    # A pool breaks when its workers cannot start, and (rarely) when a worker dies before pebble has seen it
-    # take its item. A fresh pool scores the lost items once more; if it breaks too, before scoring any, the
-    # workers cannot start.
-    if retry:
-        _score_in_pool(verifier, lost, num_workers, timeout_s, scores, tally, retry=False)
-    elif len(lost) == len(jobs):
-        raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
-    else:
-        for _ in lost:
-            tally.error("the worker pool broke")
-
-
 def _default_num_workers() -> int:
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(available, DEFAULT_MAX_WORKERS))
 
 
-def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, num_workers, timeout_s) -> None:
+def _validate_batch(responses: Sequence[str], golds: Sequence[str], num_workers, timeout_s) -> None:
     if len(responses) != len(golds):
         raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} golds")
     for name, items in (("responses", responses), ("golds", golds)):
@@ -595,12 +391,6 @@ def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, nu
         raise ValueError(f"score_batch: num_workers must be >= 0 or None, got {num_workers}")
     if not timeout_s > 0:
         raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
-    if num_workers != 0:
-        try:
-            pickle.dumps(verifier)
-        except Exception as exc:  # PicklingError, AttributeError or TypeError depending on the object
-            raise TypeError(f"score_batch: the verifier must be picklable (a module-level function or a "
-                            f"functools.partial of one) to run in worker processes: {exc}") from None
 
 
 def score_batch(responses: Sequence[str], golds: Sequence[str],
@@ -631,7 +421,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     and the call's summary line is logged at DEBUG (the caller logs the counts with its metrics); without
     `stats` it is one WARNING per call with any of them.
 
-    num_workers=0 scores in this process with no pool, no time bound and no isolation (exceptions
+    num_workers=0 scores in this process with no pool, no hard time bound and no isolation (exceptions
     propagate): only for verifiers known to be cheap and safe, like arith_reward.
 
     The verifier must be picklable: a module-level function (response: str, gold: str) -> float, or a
@@ -641,27 +431,19 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     about the "bootstrapping phase").
     Raises ValueError if the lengths differ or an argument is out of range, TypeError for a non-str item.
     """
-    _validate_batch(responses, golds, verifier, num_workers, timeout_s)
+    _validate_batch(responses, golds, num_workers, timeout_s)
     scores = [wrong] * len(responses)
     jobs = {i: (r, g) for i, (r, g) in enumerate(zip(responses, golds)) if len(r) <= max_response_chars}
     oversized = len(responses) - len(jobs)
-    tally = _Tally()
+    tally = bounds.Tally()
     if num_workers == 0:
-        with _quiet_math_verify():
+        with bounds.quiet_math_verify():
             for i, (response, gold) in jobs.items():
-                before = _soft_bound_expiries
+                before = bounds.expiries
                 scores[i] = float(verifier(response, gold))
-                tally.cut_short += _soft_bound_expiries > before
+                tally.cut_short += bounds.expiries > before
     elif jobs:
-        process = multiprocessing.current_process()
-        if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
-            # This process is a spawned child importing its parent's main script, which called score_batch at
-            # import time. Starting a pool here would fail with a long multiprocessing traceback. Our own
-            # worker exits quietly and the parent raises one clear error; any other process raises it.
-            if process.name == pebble.pool.process.WORKERS_NAME:
-                sys.exit(_EXIT_UNGUARDED_MAIN)
-            raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
-        _score_in_pool(verifier, jobs, num_workers or _default_num_workers(), timeout_s, scores, tally)
+        bounds.score_in_pool(verifier, jobs, num_workers or _default_num_workers(), timeout_s, scores, tally)
     timeouts = tally.timeouts + tally.cut_short
     if stats is not None:
         stats.update({"reward/timeouts": timeouts, "reward/errors": tally.errors, "reward/oversized": oversized})

@@ -15,6 +15,7 @@ import weakref
 import pytest
 from math_verify import LatexExtractionConfig, parse, verify
 
+import bounds
 import reward
 from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, check_golds, extract_answer, math_equal,
                     math_reward, overlong_penalty, score_batch)
@@ -460,18 +461,18 @@ def test_the_soft_bound_repeats_after_a_lost_interrupt_and_only_in_the_main_thre
             try:
                 while time.monotonic() < end:
                     pass
-            except reward._SoftBoundExpired:
+            except bounds.SoftBoundExpired:
                 if lost:
                     raise
                 lost.append(time.monotonic())  # as if raised inside a callback: printed, and the work goes on
         return True
 
-    before = reward._soft_bound_expiries
+    before = bounds.expiries
     start = time.monotonic()
-    assert reward._soft_bounded(swallows_the_first_interrupt, 0.5) is None
+    assert bounds.soft_bounded(swallows_the_first_interrupt, 0.5) is None
     assert len(lost) == 1 and time.monotonic() - start < 0.5 + SLACK_S
-    assert reward._soft_bound_expiries == before + 1
-    assert reward._soft_bounded(lambda: True, 0.5) is True and reward._soft_bound_expiries == before + 1
+    assert bounds.expiries == before + 1
+    assert bounds.soft_bounded(lambda: True, 0.5) is True and bounds.expiries == before + 1
     time.sleep(0.7)  # the alarm of a call that finished in time is off: nothing is raised here
     errors = []
     thread = threading.Thread(target=lambda: _catch(errors, lambda: math_equal("(x+1)^2", "x^2+2x+1")))
@@ -516,7 +517,7 @@ def test_an_interrupt_lost_in_a_callback_stays_off_the_unraisable_hook_and_no_ho
         return ref_a, ref_b
 
     start = time.monotonic()
-    assert reward._soft_bounded(work, 0.1) is None
+    assert bounds.soft_bounded(work, 0.1) is None
     assert time.monotonic() - start < 1.0 + 0.35 + SLACK_S
     assert seen == [ValueError] and finished == [ValueError]
     assert sys.unraisablehook is slow_hook
