@@ -22,30 +22,25 @@ Public functions:
     check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
     Verifier(fn, workers)                     a verifier and where it runs: what the trainer passes around
 
+The machinery that bounds these rules in time is bounds.py: the soft SIGALRM bound that math_equal and
+reasoning_gym_reward compare under, and score_batch's process pool (pebble) with its hard bound per item.
+
 Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
 ("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
 """
 from __future__ import annotations
 
-import atexit
-import collections
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
-import multiprocessing
-import multiprocessing.connection
 import operator
 import os
-import pickle
 import re
-import signal
-import sys
-import threading
-import time
 from typing import Callable, Sequence
+
+import bounds
 
 try:  # optional: only math datasets need it (_math_verify says so when it is missing)
     import math_verify
@@ -65,9 +60,6 @@ ITEM_TIMEOUT_S = 5.0
 MATH_VERIFY_TIMEOUT_S = 2
 """math_equal's soft bound (seconds) per comparison, parsing included. It lets a worker give up on most
 pathological answers without being killed; the hard bound above catches the rest (time in C code)."""
-SOFT_BOUND_REPEAT_S = 0.1
-"""After the soft bound expires, its alarm repeats at this interval until the comparison has stopped: one
-interrupt can be lost (raised inside a garbage-collection callback, Python prints it and carries on)."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are wrong without parsing: no final answer to a math problem is that
 long, and parsing a 100k-digit number alone takes most of a second."""
@@ -79,18 +71,6 @@ MAX_INTEGER_DIGITS = 30
 DEFAULT_MAX_WORKERS = 8
 """Cap on score_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
 samples per step need no more."""
-STARTUP_TIMEOUT_S = 120.0
-"""How long a new worker may take to start (it re-imports the main script under spawn) before it is an error."""
-_WORKER_NAME = "reward-worker"
-_EXIT_UNGUARDED_MAIN = 86
-"""Exit code of a worker that found the main script calling score_batch while the worker imported it."""
-_UNGUARDED_MAIN_MESSAGE = (
-    "score_batch: the scoring workers could not start, because the main script calls score_batch as soon as it "
-    "is imported. The workers are started with the 'spawn' method, which imports the main script again in each "
-    "worker (as \"__mp_main__\"), so each worker would try to start workers of its own. Fix: put the script's "
-    "entry code under `if __name__ == \"__main__\":`, or pass num_workers=0 to score in this process (no time "
-    "bound, only for cheap verifiers such as arith_reward).")
-
 # ---------------------------------------------------------------------------------------------------------
 # Answer extraction
 # ---------------------------------------------------------------------------------------------------------
@@ -216,81 +196,6 @@ def _parse_answer(answer: str) -> list:
     return mv.parse(latex, extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=None)
 
 
-class _SoftBoundExpired(BaseException):
-    """Raised by _soft_bounded's alarm. A BaseException, as math-verify's own TimeoutException, so that the
-    `except Exception` blocks of math-verify and sympy let it through."""
-
-
-_soft_bound_expiries = 0
-"""How many _soft_bounded calls in this process were cut short: score_batch counts its items' cut_short
-from this."""
-
-
-class _QuietTimeoutNotice(logging.Filter):
-    """math-verify warns once per process that its timeouts are off and that the caller must bound the time
-    itself: math_equal does (_soft_bounded), so that warning is dropped; every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-logging.getLogger("math_verify.grader").addFilter(_QuietTimeoutNotice())
-logging.getLogger("math_verify.parser").addFilter(_QuietTimeoutNotice())
-
-
-def _soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
-    """fn(), or None if it ran past `seconds` of wall-clock time: SIGALRM (signal.setitimer) then raises
-    _SoftBoundExpired in the code running, and again every SOFT_BOUND_REPEAT_S until fn has stopped, so that an
-    interrupt lost in a garbage-collection callback is followed by another. Main thread only: ValueError elsewhere.
-
-    Where the alarm must not raise: in this function's own frame (its bookkeeping), and anywhere below an
-    unraisable hook. An interrupt raised in a weakref callback or __del__ cannot propagate; Python hands it to
-    sys.unraisablehook, which here is `lost` (it drops our own interrupts without formatting them, and passes
-    any other to the hook that was installed before). A repeat that fired while a hook formats a traceback
-    (pytest's reads source files) would break the hook itself: so no frame under `lost` is interrupted.
-    """
-    global _soft_bound_expiries
-    this_frame = _soft_bounded.__code__
-    previous_hook = sys.unraisablehook
-
-    def lost(unraisable):
-        if not isinstance(unraisable.exc_value, _SoftBoundExpired):
-            previous_hook(unraisable)
-
-    def under_a_hook(frame) -> bool:
-        while frame is not None:
-            if frame.f_code is lost.__code__:
-                return True
-            frame = frame.f_back
-        return False
-
-    def alarm(signum, frame):
-        if frame is not None and frame.f_code is not this_frame and not under_a_hook(frame):
-            raise _SoftBoundExpired
-
-    try:
-        previous = signal.signal(signal.SIGALRM, alarm)
-    except ValueError:
-        raise ValueError("math_equal's timeout uses SIGALRM, which only the main thread can handle: call it from "
-                         "the main thread (as score_batch's workers do), or pass timeout_s=None and bound the "
-                         "time yourself") from None
-    sys.unraisablehook = lost
-    expired = False
-    try:
-        signal.setitimer(signal.ITIMER_REAL, seconds, SOFT_BOUND_REPEAT_S)
-        result = fn()
-    except _SoftBoundExpired:
-        expired = True
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.unraisablehook = previous_hook
-    if expired:
-        _soft_bound_expiries += 1
-        return None
-    return result
-
-
 def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VERIFY_TIMEOUT_S,
                max_chars: int = MAX_ANSWER_CHARS) -> bool:
     """True if the answer `prediction` is mathematically equal to the answer `gold`.
@@ -322,7 +227,7 @@ def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VER
 
     if timeout_s is None:
         return compare()
-    equal = _soft_bounded(compare, timeout_s)
+    equal = bounds.soft_bounded(compare, timeout_s)
     return bool(equal)  # None, cut short at the bound, is not equal
 
 
@@ -409,7 +314,7 @@ def reasoning_gym_reward(response: str, gold: str, *, correct: float = CORRECT_R
     answer = extract_answer(response)
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return wrong
-    score = _soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
+    score = bounds.soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
     return correct if score is not None and float(score) >= 1.0 else wrong
 
 
@@ -470,213 +375,12 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     return (soft_limit - length) / cache_length
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Parallel, time-bounded scoring
-# ---------------------------------------------------------------------------------------------------------
-
-_READY = "ready"
-
-
-class _CutShort:
-    """Counts math_equal's soft-bound expiries in this process (count grows by one per comparison cut short)."""
-
-    @property
-    def count(self) -> int:
-        return _soft_bound_expiries
-
-
-@contextlib.contextmanager
-def _math_verify_timeouts():
-    """Inside: the comparisons cut short at math_equal's soft bound are counted (the counter yielded), and
-    math-verify's log records go nowhere else, so none reaches the console (unconfigured logging prints WARNINGs
-    to stderr, some quoting the answer however long). score_batch reports the counts instead. The logger's
-    settings are restored on exit."""
-    log = logging.getLogger("math_verify")
-    level, propagate = log.level, log.propagate
-    log.setLevel(logging.ERROR)
-    log.propagate = False
-    try:
-        yield _CutShort()
-    finally:
-        log.setLevel(level)
-        log.propagate = propagate
-
-
-def _worker_main(conn) -> None:
-    """Body of a scoring process: for each pickled (verifier, response, gold) received, send back
-    ("ok", score, cut_short) or ("error", message, cut_short), where cut_short says whether math_equal's soft
-    bound cut that item short. Exits when the parent closes the pipe."""
-    # Ctrl-C reaches the whole process group; the parent decides what happens to its workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn.send(_READY)
-    with _math_verify_timeouts() as timeouts:
-        while True:
-            try:
-                job = conn.recv_bytes()
-            except (EOFError, OSError):
-                return
-            before = timeouts.count
-            try:  # unpickling is inside: a verifier the worker cannot import is that item's error, not a crash
-                verifier, response, gold = pickle.loads(job)
-                reply = ("ok", float(verifier(response, gold)))
-            except Exception as exc:  # any failure of the verifier is reported, and the worker carries on
-                reply = ("error", f"{type(exc).__name__}: {exc}"[:300])
-            conn.send((*reply, timeouts.count > before))
-
-
-class _Worker:
-    """One scoring process, the index of the item it is scoring (None when idle), and its deadline: for the
-    item if busy, for start-up if not yet ready."""
-
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name=_WORKER_NAME)
-        self.proc.start()
-        child.close()  # our copy must go, or we would never see EOF when the worker dies
-        self.ready = False
-        self.job: int | None = None
-        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join()
-        self.conn.close()
-
-
-class _Tally:
-    """What went wrong in one score_batch call, for its log line and stats: items killed at the time bound
-    (timeouts), items cut short by math_equal's soft bound (cut_short), verifier failures (errors)."""
-
-    def __init__(self):
-        self.timeouts = self.cut_short = self.errors = 0
-        self.examples: list[str] = []  # a few distinct error messages, enough to tell causes apart
-
-    def error(self, message: str) -> None:
-        self.errors += 1
-        if len(self.examples) < 3 and message not in self.examples:
-            self.examples.append(message)
-
-
-class _WorkerPool:
-    """num_workers persistent processes (spawn start method) that score items one at a time, each under a
-    hard deadline. A worker past its deadline is killed and replaced; one that dies is replaced; either way
-    only its own item is lost (scored as wrong), and the others continue."""
-
-    def __init__(self, num_workers: int):
-        # spawn, not fork: forking a trainer that runs torch threads can deadlock the child.
-        self._ctx = multiprocessing.get_context("spawn")
-        self._num_workers = num_workers
-        self._workers: list[_Worker] = []
-        self._lock = threading.Lock()  # one batch at a time: replies are matched to workers, not tagged
-        self._pid = os.getpid()
-        atexit.register(self.close)
-
-    def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers]
-
-    def close(self) -> None:
-        if os.getpid() != self._pid:  # a forked copy must not kill its parent's workers
-            return
-        for w in self._workers:
-            w.kill()
-        self._workers = []
-
-    def score(self, verifier: Callable, jobs: dict[int, tuple[str, str]], timeout_s: float,
-              scores: list[float]) -> _Tally:
-        """Write verifier(*jobs[i]) into scores[i] for every i; failed items keep what scores holds."""
-        with self._lock:
-            try:
-                return self._run(verifier, jobs, timeout_s, scores)
-            except BaseException:
-                # A half-finished batch leaves replies in flight that would be read as the next batch's.
-                self.close()
-                raise
-
-    def _run(self, verifier, jobs, timeout_s, scores) -> _Tally:
-        tally = _Tally()
-        todo = collections.deque(jobs)
-        while len(self._workers) < self._num_workers:
-            self._workers.append(_Worker(self._ctx))
-        while todo or any(w.job is not None for w in self._workers):
-            self._dispatch(todo, verifier, jobs, timeout_s)
-            next_deadline = min(w.deadline for w in self._workers)  # idle, ready workers have none (inf)
-            wait_s = None if next_deadline == math.inf else max(0.0, next_deadline - time.monotonic())
-            ready = multiprocessing.connection.wait([w.conn for w in self._workers], timeout=wait_s)
-            for w in [w for w in self._workers if w.conn in ready]:
-                self._receive(w, scores, tally)
-            self._expire(scores, tally)
-        return tally
-
-    def _dispatch(self, todo, verifier, jobs, timeout_s) -> None:
-        for w in self._workers:
-            if not todo:
-                return
-            if w.ready and w.job is None:
-                i = todo.popleft()
-                try:
-                    w.conn.send_bytes(pickle.dumps((verifier, *jobs[i])))
-                except OSError:  # it died while idle: not this item's fault, so the item goes back
-                    todo.appendleft(i)
-                    self._replace(w)
-                    continue
-                w.job, w.deadline = i, time.monotonic() + timeout_s
-
-    def _receive(self, w: _Worker, scores, tally: _Tally) -> None:
-        try:
-            message = w.conn.recv()
-        except (EOFError, OSError):
-            w.proc.join(timeout=1.0)  # for its exit code
-            if not w.ready and w.proc.exitcode == _EXIT_UNGUARDED_MAIN:
-                raise RuntimeError(_UNGUARDED_MAIN_MESSAGE) from None
-            if not w.ready:
-                raise RuntimeError(f"a scoring worker exited with code {w.proc.exitcode} while starting; "
-                                   "its stderr says why") from None
-            if w.job is not None:
-                tally.error(f"worker died with exit code {w.proc.exitcode}")
-            self._replace(w)
-            return
-        if message == _READY:
-            w.ready, w.deadline = True, math.inf
-            return
-        status, value, cut_short = message
-        tally.cut_short += cut_short
-        if status == "ok" and math.isfinite(value):
-            scores[w.job] = value
-        else:
-            tally.error(value if status == "error" else f"non-finite score {value}")
-        w.job, w.deadline = None, math.inf
-
-    def _expire(self, scores, tally: _Tally) -> None:
-        now = time.monotonic()
-        for w in list(self._workers):
-            if w.deadline > now:
-                continue
-            if not w.ready:
-                raise RuntimeError(f"a scoring worker did not start within {STARTUP_TIMEOUT_S} s")
-            if w.conn.poll():  # the answer arrived just in time
-                self._receive(w, scores, tally)
-                continue
-            tally.timeouts += 1
-            self._replace(w)
-
-    def _replace(self, w: _Worker) -> None:
-        w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx)
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_pool(num_workers: int, pid: int) -> _WorkerPool:
-    """The persistent pool of this size for this process (pid in the key: a forked child gets its own),
-    started lazily by the first score_batch that needs it and closed at interpreter exit."""
-    return _WorkerPool(num_workers)
-
-
 def _default_num_workers() -> int:
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(available, DEFAULT_MAX_WORKERS))
 
 
-def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, num_workers, timeout_s) -> None:
+def _validate_batch(responses: Sequence[str], golds: Sequence[str], num_workers, timeout_s) -> None:
     if len(responses) != len(golds):
         raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} golds")
     for name, items in (("responses", responses), ("golds", golds)):
@@ -687,12 +391,6 @@ def _validate_batch(responses: Sequence[str], golds: Sequence[str], verifier, nu
         raise ValueError(f"score_batch: num_workers must be >= 0 or None, got {num_workers}")
     if not timeout_s > 0:
         raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
-    if num_workers != 0:
-        try:
-            pickle.dumps(verifier)
-        except Exception as exc:  # PicklingError, AttributeError or TypeError depending on the object
-            raise TypeError(f"score_batch: the verifier must be picklable (a module-level function or a "
-                            f"functools.partial of one) to run in worker processes: {exc}") from None
 
 
 def score_batch(responses: Sequence[str], golds: Sequence[str],
@@ -702,13 +400,12 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     """verifier(responses[i], golds[i]) for every i, in input order, each bounded in time.
 
     The trainer's reward phase (VAPO, arXiv 2504.05118: one reward per sample, placed at its last token).
-    Items are scored in `num_workers` worker processes (default: the CPUs available to this process, at most
-    DEFAULT_MAX_WORKERS), one item at a time per worker, each under a hard wall-clock bound of timeout_s
-    seconds from when it is sent to a worker (on a fresh worker this includes importing the verifier's
-    module). The pool is started on first use and kept for later calls (one per num_workers), so start-up
-    (about 1-2 s, more if the main script has heavy imports, since spawn re-imports it) is paid once per
-    process; it is closed at interpreter exit. Processes, not threads: math_equal's soft bound uses
-    SIGALRM, and only a process can be killed when it hangs in C code.
+    Items are scored in a pebble.ProcessPool of `num_workers` worker processes (default: the CPUs available to
+    this process, at most DEFAULT_MAX_WORKERS), one item at a time per worker, each under a hard wall-clock
+    bound of timeout_s seconds from when a worker takes it. The pool is started on first use and kept for later
+    calls (one per num_workers), so start-up (about 1-2 s, more if the main script has heavy imports, since
+    spawn re-imports it) is paid once per process; it is stopped at interpreter exit. Processes, not threads:
+    math_equal's soft bound uses SIGALRM, and only a process can be killed when it hangs in C code.
 
     Scored as `wrong` without a verdict, and counted, never silently: an item that exceeds timeout_s (its
     worker is killed and replaced), a verifier that raises or returns a non-finite number, a worker that dies
@@ -724,7 +421,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     and the call's summary line is logged at DEBUG (the caller logs the counts with its metrics); without
     `stats` it is one WARNING per call with any of them.
 
-    num_workers=0 scores in this process with no pool, no time bound and no isolation (exceptions
+    num_workers=0 scores in this process with no pool, no hard time bound and no isolation (exceptions
     propagate): only for verifiers known to be cheap and safe, like arith_reward.
 
     The verifier must be picklable: a module-level function (response: str, gold: str) -> float, or a
@@ -734,28 +431,19 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
     about the "bootstrapping phase").
     Raises ValueError if the lengths differ or an argument is out of range, TypeError for a non-str item.
     """
-    _validate_batch(responses, golds, verifier, num_workers, timeout_s)
+    _validate_batch(responses, golds, num_workers, timeout_s)
     scores = [wrong] * len(responses)
     jobs = {i: (r, g) for i, (r, g) in enumerate(zip(responses, golds)) if len(r) <= max_response_chars}
     oversized = len(responses) - len(jobs)
-    tally = _Tally()
+    tally = bounds.Tally()
     if num_workers == 0:
-        with _math_verify_timeouts() as timeouts:
+        with bounds.quiet_math_verify():
             for i, (response, gold) in jobs.items():
-                before = timeouts.count
+                before = bounds.expiries
                 scores[i] = float(verifier(response, gold))
-                tally.cut_short += timeouts.count > before
+                tally.cut_short += bounds.expiries > before
     elif jobs:
-        process = multiprocessing.current_process()
-        if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
-            # This process is a spawned child importing its parent's main script, which called score_batch at
-            # import time. Starting a pool here would fail with a long multiprocessing traceback. Our own
-            # worker exits with a code the parent turns into one clear error; any other process raises it.
-            if process.name == _WORKER_NAME:
-                sys.exit(_EXIT_UNGUARDED_MAIN)
-            raise RuntimeError(_UNGUARDED_MAIN_MESSAGE)
-        pool = _shared_pool(num_workers or _default_num_workers(), os.getpid())
-        tally = pool.score(verifier, jobs, timeout_s, scores)
+        bounds.score_in_pool(verifier, jobs, num_workers or _default_num_workers(), timeout_s, scores, tally)
     timeouts = tally.timeouts + tally.cut_short
     if stats is not None:
         stats.update({"reward/timeouts": timeouts, "reward/errors": tally.errors, "reward/oversized": oversized})

@@ -15,6 +15,7 @@ import weakref
 import pytest
 from math_verify import LatexExtractionConfig, parse, verify
 
+import bounds
 import reward
 from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, check_golds, extract_answer, math_equal,
                     math_reward, overlong_penalty, score_batch)
@@ -36,8 +37,21 @@ def _fragile_verifier(response: str, gold: str) -> float:
     return CORRECT_REWARD if response == gold else WRONG_REWARD
 
 
-def _pool_pids():
-    return reward._shared_pool(2, os.getpid()).pids()
+def _worker_pid(response: str, gold: str) -> float:
+    """A verifier that scores every item with the pid of the worker it ran in (after a pause, so that a batch
+    spreads over every worker)."""
+    time.sleep(0.05)
+    return float(os.getpid())
+
+
+def _pool_pids() -> set[int]:
+    """The pids of the 2-worker pool's workers, as seen by batches that keep both busy: repeated until a batch
+    sees two, since pebble starts a replaced worker's successor in the background (a second or two)."""
+    deadline = time.monotonic() + 2 * SLACK_S
+    pids = set()
+    while len(pids) < 2 and time.monotonic() < deadline:
+        pids = set(map(int, score_batch(["x"] * 4, ["x"] * 4, _worker_pid, num_workers=2)))
+    return pids
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -332,8 +346,9 @@ def test_score_batch_validates():
 def test_pool_is_persistent_across_calls():
     score_batch(["1", "2"], ["1", "2"], _fragile_verifier, num_workers=2)
     pids = _pool_pids()
+    assert len(pids) == 2
     assert score_batch(["1", "2", "3"], ["1", "0", "3"], _fragile_verifier, num_workers=2) == [R, W, R]
-    assert _pool_pids() == pids  # the same processes: start-up (seconds, see bench/) is paid once
+    assert _pool_pids() == pids  # the same processes: start-up (seconds) is paid once
 
 
 def test_pathological_items_are_bounded_and_the_rest_scored(caplog):
@@ -372,6 +387,23 @@ def test_stuck_and_crashed_workers_lose_no_other_result(caplog):
     # the pool is whole again and still works
     assert score_batch(["7", "8"], ["7", "8"], _fragile_verifier, num_workers=2) == [R, R]
     assert len(_pool_pids()) == 2
+
+
+def test_a_hanging_verifier_is_cut_at_the_timeout_and_the_pool_scores_the_next_batch():
+    """A response whose scoring never ends costs timeout_s: its worker is killed, the item scores as wrong and is
+    counted, the other items keep their scores, and the next batch is scored by the replaced pool as usual."""
+    pids = _pool_pids()
+    stats = {}
+    start = time.perf_counter()
+    scores = score_batch(["hang", "1", "2"], ["x", "1", "0"], _fragile_verifier, num_workers=2, timeout_s=1.0,
+                         wrong=-3.0, stats=stats)
+    assert time.perf_counter() - start < 1.0 + SLACK_S  # not the 600 s the verifier sleeps
+    assert scores == [-3.0, R, W]
+    assert stats == {"reward/timeouts": 1, "reward/errors": 0, "reward/oversized": 0}
+    assert score_batch(["3", "4"], ["3", "4"], _fragile_verifier, num_workers=2, stats=stats) == [R, R]
+    assert stats["reward/timeouts"] == 0
+    after = _pool_pids()
+    assert len(after) == 2 and len(after & pids) == 1  # the hung worker, and only it, was replaced
 
 
 def test_oversized_responses_are_wrong_without_parsing(caplog):
@@ -429,18 +461,18 @@ def test_the_soft_bound_repeats_after_a_lost_interrupt_and_only_in_the_main_thre
             try:
                 while time.monotonic() < end:
                     pass
-            except reward._SoftBoundExpired:
+            except bounds.SoftBoundExpired:
                 if lost:
                     raise
                 lost.append(time.monotonic())  # as if raised inside a callback: printed, and the work goes on
         return True
 
-    before = reward._soft_bound_expiries
+    before = bounds.expiries
     start = time.monotonic()
-    assert reward._soft_bounded(swallows_the_first_interrupt, 0.5) is None
+    assert bounds.soft_bounded(swallows_the_first_interrupt, 0.5) is None
     assert len(lost) == 1 and time.monotonic() - start < 0.5 + SLACK_S
-    assert reward._soft_bound_expiries == before + 1
-    assert reward._soft_bounded(lambda: True, 0.5) is True and reward._soft_bound_expiries == before + 1
+    assert bounds.expiries == before + 1
+    assert bounds.soft_bounded(lambda: True, 0.5) is True and bounds.expiries == before + 1
     time.sleep(0.7)  # the alarm of a call that finished in time is off: nothing is raised here
     errors = []
     thread = threading.Thread(target=lambda: _catch(errors, lambda: math_equal("(x+1)^2", "x^2+2x+1")))
@@ -485,7 +517,7 @@ def test_an_interrupt_lost_in_a_callback_stays_off_the_unraisable_hook_and_no_ho
         return ref_a, ref_b
 
     start = time.monotonic()
-    assert reward._soft_bounded(work, 0.1) is None
+    assert bounds.soft_bounded(work, 0.1) is None
     assert time.monotonic() - start < 1.0 + 0.35 + SLACK_S
     assert seen == [ValueError] and finished == [ValueError]
     assert sys.unraisablehook is slow_hook
@@ -581,9 +613,10 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("ending", ["sys.exit(0)", "os.kill(os.getpid(), 9)"])
 def test_workers_do_not_outlive_the_trainer(ending):
     """A normal exit closes the pool (atexit); a killed parent's workers see their pipe close and exit."""
-    code = ("import os, sys, reward\n"
+    code = ("import multiprocessing, os, sys, reward\n"
             "reward.score_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1)\n"
-            "print(*reward._shared_pool(1, os.getpid()).pids(), flush=True)\n" + ending + "\n")
+            "print(*[p.pid for p in multiprocessing.active_children() if p.name == 'pebble_pool_worker'],\n"
+            "      flush=True)\n" + ending + "\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 1, out.stderr
