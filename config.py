@@ -154,13 +154,13 @@ PRESETS: dict[str, dict] = {
     # reaches a response's first token with weight (1 - 1 / (alpha l))^l ~ exp(-1 / alpha) = 0.14 at every
     # length, where a fixed 0.95 gives it 0.95^400 = 1e-9 at 400 tokens. The actor's step size, the off-policy
     # degree and mu come from the lever study on a validation split of the training distribution (bench/
-    # long_study.py, docs/long-study/): at the demo's 1.5e-4 the updates broke the lookups (misread terms 8% ->
+    # long_study.py at commit 758a9d0, docs/long-study/): at the demo's 1.5e-4 the updates broke the lookups (misread terms 8% ->
     # 24% of greedy steps, greedy 58% -> 32%); at 1.5e-5 with mini-batches of 4 (the paper's 16 optimizer steps a
     # rollout) the habit falls from 27% to 10% of borrow steps and misreads stay within a point of the base's;
     # mu = 3 (thirty times the paper's positive-example NLL, which imitates the correct samples, whose every lookup
     # is right): on validation mu 0.1 -> 1 -> 3 moved greedy 56.0 -> 60.0 (AMD, 3 seeds; 57.6 on Intel, 2) -> 59.8
     # (Intel, 2 seeds), and 48 steps in place of 40 did not help (the study's tiers 2-4).
-    # The critic on its own terms (bench/critic_grid.py, docs/critic-grid.md): on a buffer of the base policy's
+    # The critic on its own terms (bench/critic_grid.py at commit 758a9d0): on a buffer of the base policy's
     # rollouts, validation EV of the return after value pretraining's 20 batches over lr x critic mini-batch x target
     # lambda; at lambda 1 the best is lr 3e-4 in mini-batches of 16 (0.37, the step-count floor 0.31, the exact
     # values V* 0.57), where the critic's earlier setting (lr 1e-3 on the actor's mini-batches of 4) gave 0.17. The

@@ -24,7 +24,7 @@ has the paper's main claims first: the four algorithms and the ablations of valu
 (seeds 0-2), then the other five ablations (seeds 0-2), then the algorithms' extra seeds. About 10-14 minutes a
 run on one core: 41 runs are about 8 core-hours, more than one session; a finished run is read back, an
 interrupted one (SIGTERM it: vapo.py checkpoints first) resumes, so the sweep continues where it stopped. After
-the runs, each run's final critic is judged on one fixed set of the base model's responses (bench/critic_bias.py:
+the runs, each run's final critic is judged on one fixed set of the base model's responses (common.bias_table:
 its bias and explained variance by fifth of the response, and how much of the advantage's magnitude sits on the
 decisive tokens, the borrow digits), cached in the run folder as diagnostics.json.
 
@@ -89,9 +89,10 @@ SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Highe
                  "w/o Positive Example LM Loss", "w/o Group-Sampling", "VAPO mu 0.1"}
 EQUAL_UPDATES = {"DAPO equal updates"}  # the budget in steps, not in samples: --max-samples left off
 CONTROLS = [r for r, paper, _ in ROWS if paper == "-"]
-# Each algorithm's own actor learning rate, where its sweep on the validation split (bench/long_study.py --tier 5:
-# 5e-6, 1.5e-5 and 5e-5, one seed each, the best mean of validation greedy and avg@2) picked another than the
-# preset's; every row that modifies an algorithm (FAMILY) runs at that algorithm's rate, and its run folders say so.
+# Each algorithm's own actor learning rate, where its sweep on the validation split (bench/long_study.py --tier 5
+# at commit 758a9d0: 5e-6, 1.5e-5 and 5e-5, one seed each, the best mean of validation greedy and avg@2) picked
+# another than the preset's; every row that modifies an algorithm (FAMILY) runs at that algorithm's rate, and its
+# run folders say so.
 ACTOR_LR = {"demo": {}, "long": {"PPO": "5e-6"}}
 FAMILY = {"PPO + NLL": "PPO", "GRPO token-level": "GRPO", "GRPO + NLL": "GRPO", "DAPO equal updates": "DAPO"}
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse

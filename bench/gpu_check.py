@@ -138,7 +138,7 @@ SHARDED_GRACE_S = 45  # after a sharded process's box: its SIGTERM stop (a step 
 CHECKPOINT_PARTS = ("train", "resume", "sharded")  # the parts that write checkpoints into the work folder
 
 # docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each;
-# its measurement without a GPU (bench/memory_measured.py, fake tensors): 41.9 GB at the update's peak
+# its measurement without a GPU (bench/memory_measured.py at commit 758a9d0): 41.9 GB at the update's peak
 README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30, update_measured_gb=41.9)
 # bytes of one cached K or V element while sampling under --bf16 with float32 weights: the sampler's preallocated
 # cache stores bf16 (sampler.kv_cache_bytes_per_token, tests/test_rollout.py)
