@@ -139,7 +139,7 @@ PRESETS: dict[str, dict] = {
     # GAE always whitens) and values clipped at 0.5 (verl's critic default). Its budget in its unit: the ~5,000
     # steps it reports are gradient updates, 16 per rollout (8,192 samples in mini-batches of 512): 313 rollouts.
     "paper": dict(whiten_advantages=True, value_clip=0.5),
-    # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/demo.md). Tiny
+    # The built-in demo on a 2-core CPU in under 10 minutes, from the shipped base model (docs/results.md). Tiny
     # model, short responses: larger learning rates than the paper's, alpha = 0.5 so that lambda_policy is
     # 0.9-0.99 at 20-110 tokens, small micro-batches (sorted by length), advantage whitening as verl does.
     "demo": dict(model="builtin", dataset="builtin", steps=60, prompts_per_step=16, samples_per_prompt=8,
@@ -148,15 +148,15 @@ PRESETS: dict[str, dict] = {
                  whiten_advantages=True, eval_every=30, eval_prompts=200, eval_samples=4, save_every=30,
                  overlong_cache_frac=16 / 128,  # overlong penalty from 112 tokens: ten correct steps take 111
                  eval_batch_size=200),  # the whole evaluation (800 rows of <= 128 tokens) in one pass fits a CPU
-    # The long chains (docs/long.md): 1 to 40 steps, responses of 10 to 411 tokens, a base model right a few
+    # The long chains (docs/results.md): 1 to 40 steps, responses of 10 to 411 tokens, a base model right a few
     # percent of the time at 40 steps when sampling, the critic initialised from the shipped outcome reward model
     # (the paper's start). alpha = 0.5 as in the demo: with lambda = 1 - 1 / (alpha l) the terminal reward
     # reaches a response's first token with weight (1 - 1 / (alpha l))^l ~ exp(-1 / alpha) = 0.14 at every
     # length, where a fixed 0.95 gives it 0.95^400 = 1e-9 at 400 tokens. The actor's step size, the off-policy
     # degree and mu come from the lever study on a validation split of the training distribution (bench/
-    # long_study.py at commit 758a9d0, docs/long-study/): at the demo's 1.5e-4 the updates broke the lookups (misread terms 8% ->
-    # 24% of greedy steps, greedy 58% -> 32%); at 1.5e-5 with mini-batches of 4 (the paper's 16 optimizer steps a
-    # rollout) the habit falls from 27% to 10% of borrow steps and misreads stay within a point of the base's;
+    # long_study.py and docs/long-study/ at commit 758a9d0): at the demo's 1.5e-4 the updates broke the lookups
+    # (misread terms 8% -> 24% of greedy steps, greedy 58% -> 32%); at 1.5e-5 with mini-batches of 4 (the
+    # paper's 16 optimizer steps a rollout) the habit falls from 27% to 10% of borrow steps and misreads stay within a point of the base's;
     # mu = 3 (thirty times the paper's positive-example NLL, which imitates the correct samples, whose every lookup
     # is right): on validation mu 0.1 -> 1 -> 3 moved greedy 56.0 -> 60.0 (AMD, 3 seeds; 57.6 on Intel, 2) -> 59.8
     # (Intel, 2 seeds), and 48 steps in place of 40 did not help (the study's tiers 2-4).
@@ -199,7 +199,7 @@ PRESETS: dict[str, dict] = {
                      critic_lr=2e-4, critic_mini_batch_size=8, warmup_steps=2, alpha=0.5, value_pretrain_steps=5,
                      whiten_advantages=False, eval_every=12, eval_prompts=96, eval_samples=1, device="cpu",
                      reward_workers=1),
-    # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/performance.md.
+    # One GPU (80 GB class) with a 0.5B model: memory arithmetic in docs/scaling.md.
     "gpu-0.5b": dict(model="Qwen/Qwen2.5-0.5B", steps=500, prompts_per_step=64, samples_per_prompt=8,
                      mini_batch_size=128, micro_batch_size=4, max_new_tokens=2048, bf16=True,
                      gradient_checkpointing=True, eval_samples=8, eval_every=25,

@@ -16,7 +16,7 @@ critic share one pretrained critic per seed: VAPO's run pretrains it and the oth
 critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts from the critic
 the preset gives (the demo: the policy with a zero head; long: the outcome reward model, untouched).
 
---preset long (docs/long.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
+--preset long (docs/results.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
 2,560 samples per run (the preset's 40 steps of 64), evaluated every 1,280 generated samples (`--eval-every-samples`:
 at equal sample counts, not at equal steps, so DAPO's extra rounds are not a longer curve), seeds 0-2 for every
 row and also 3-4 for the four algorithms (--algorithm-seeds). Jobs run in tiers, so that an interrupted sweep
@@ -38,7 +38,8 @@ band of step counts), ablation.json (every row and every seed) and ablation.png 
 length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
 rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
 sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
-docs/ablation.md has its table and what it shows, docs/ablation-long.md the long chains'.
+docs/results.md has the long chains' table and what it shows; the demo's last table is docs/ablation.md at commit
+758a9d0.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["status"] == "complete" and list(report["parts"]) == ALL_BUT_SHARDED
     assert (out / "gpu_check.txt").read_text().splitlines()[0].startswith("machine:")
-    assert "docs/performance.md arithmetic" in proc.stdout
+    assert "docs/scaling.md arithmetic" in proc.stdout
     parts = report["parts"]
     assert all(p["status"] in ("ok", "skipped") for p in parts.values()), parts
     shape = report["model"]["config"]
