@@ -10,7 +10,7 @@ takes the correct path on about one borrow step in three, which is what RL must 
 builds.py eval` prints these rates, see task.step_errors). The long chains' base model (RECIPES["long"]) continues
 the demo's on the long chains' demonstrations (task.LONG). Their outcome reward model (build_reward_model) is
 trained, as reward models are, on the base policy's own samples labelled by the verifier, on its score at the EOS
-token only; the long preset's critic starts from it. docs/demo.md and docs/long.md have their figures.
+token only; the long preset's critic starts from it. docs/demo.md and docs/long.md at commit 758a9d0 have their figures.
 
 The models are shipped, 4 MB each, so that runs start from the same bits on every machine (a rebuild on another
 CPU gives another model: its kernels round differently): <repo>/base-model (SHIPPED_BASE), <repo>/base-model-long
@@ -79,7 +79,7 @@ BUILTIN_MODELS = {"builtin": SHIPPED_BASE, "builtin-long": SHIPPED_LONG_BASE, "b
 # schedule per stage, stage i drawing its batches with seed + i. The long base model continues from the demo's
 # (init) in two stages: about 0.65 s a step of 4,096 tokens on one core, so its build takes about 50 minutes. One
 # stage of 1,500 steps left the model misreading a term on many lines of a long prompt (it copies a neighbour's
-# term); docs/long.md has the figures of each stage.
+# term); docs/long.md at commit 758a9d0 has the figures of each stage.
 LONG_SFT_STAGES = ((2500, 1e-3), (2000, 1e-3))
 LONG_SFT_STEPS = sum(s for s, _ in LONG_SFT_STAGES)
 LONG_BASE_SHA256 = "915808c5ea0d71be64f2c55bd03cb0975853d6c44c8f2f786bb164dc7b77bdf3"  # base-model-long/'s weights
@@ -181,8 +181,8 @@ def build_base_model(out_dir: str, steps: int | None = None, seed: int = SFT_SEE
 
     Why the recipe is what it is (initialisation std 0.1, the total restated before each term, long problems
     drawn more often, 2,000 steps so that the model gets ordinary steps right and keeps only the borrow habit):
-    docs/demo.md, "The base model". chains=LONG continues from the shipped demo base model instead of a random
-    initialisation (RECIPES["long"]: it already knows the format, the arithmetic and labels a-j; docs/long.md).
+    docs/demo.md at commit 758a9d0, "The base model". chains=LONG continues from the shipped demo base model instead of a random
+    initialisation (RECIPES["long"]: it already knows the format, the arithmetic and labels a-j).
     resume=(folder, k): start from the model in folder, the output of the recipe's first k stages, and run the
     rest (the same weights as one uninterrupted build: each stage starts a fresh optimizer and draws its batches
     from its own seed).

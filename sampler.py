@@ -150,7 +150,7 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     `output_scores`, a [B, V] tensor per step kept for the whole generation (gigabytes for a 150k vocabulary),
     while this loop keeps one [B, V] at a time.
     The G = n samples of a prompt share it: the prompts go through the model once (N rows) and their KV cache is
-    repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see docs/performance.md).
+    repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see docs/results.md).
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
     of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py). One host sync
     per generated token (the count of finished rows), which a GPU otherwise waits on several times a step.

@@ -39,7 +39,7 @@ The long chains (LONG, `--preset long`): the same task with 1 to 40 steps (label
 from 10 tokens (a guess) or 20 (one step) to 411, with about 8 borrow decisions at 40 steps. Their demonstrations'
 habit is a minority (so each borrow step is a decision a sample of their base model gets right about 7 times in
 10) and one in ten of them skips the chain and guesses ("Answer: <n>" at once: the shortcut a policy can collapse
-to). docs/long.md has their figures.
+to). docs/long.md at commit 758a9d0 has their figures.
 """
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ DEMO = Chains("demo", MIN_STEPS, MAX_STEPS, HABIT_PROB, ERROR_PROB, 0.0, MAX_RES
 # 7 times in 10, and the chain is right only if all of them are, so the sampled accuracy falls from about 90% at one
 # step to a few percent at 40 (0.7^8 = 6%, with the slips less). One demonstration in ten skips the chain and
 # guesses (the shortcut): the base model's guess is right about 1 time in 20 at any length (measured: 3-10% by
-# band), as often as a sampled chain at 21-40 steps, so a policy can collapse to short guesses. docs/long.md has
-# the measured tables.
+# band), as often as a sampled chain at 21-40 steps, so a policy can collapse to short guesses. docs/long.md at
+# commit 758a9d0 has the measured tables.
 LONG = Chains("long", 1, 40, 0.3, 0.01, 0.1, 448, 10)
 CHAINS = {c.name: c for c in (DEMO, LONG)}
 

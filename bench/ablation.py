@@ -16,7 +16,7 @@ critic share one pretrained critic per seed: VAPO's run pretrains it and the oth
 critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts from the critic
 the preset gives (the demo: the policy with a zero head; long: the outcome reward model, untouched).
 
---preset long (docs/long.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
+--preset long (docs/results.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
 2,560 samples per run (the preset's 40 steps of 64), evaluated every 1,280 generated samples (`--eval-every-samples`:
 at equal sample counts, not at equal steps, so DAPO's extra rounds are not a longer curve), seeds 0-2 for every
 row and also 3-4 for the four algorithms (--algorithm-seeds). Jobs run in tiers, so that an interrupted sweep
@@ -24,7 +24,7 @@ has the paper's main claims first: the four algorithms and the ablations of valu
 (seeds 0-2), then the other five ablations (seeds 0-2), then the algorithms' extra seeds. About 10-14 minutes a
 run on one core: 41 runs are about 8 core-hours, more than one session; a finished run is read back, an
 interrupted one (SIGTERM it: vapo.py checkpoints first) resumes, so the sweep continues where it stopped. After
-the runs, each run's final critic is judged on one fixed set of the base model's responses (bench/critic_bias.py:
+the runs, each run's final critic is judged on one fixed set of the base model's responses (common.bias_table:
 its bias and explained variance by fifth of the response, and how much of the advantage's magnitude sits on the
 decisive tokens, the borrow digits), cached in the run folder as diagnostics.json.
 
@@ -38,7 +38,8 @@ band of step counts), ablation.json (every row and every seed) and ablation.png 
 length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
 rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
 sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
-docs/ablation.md has its table and what it shows, docs/ablation-long.md the long chains'.
+docs/results.md has the long chains' table and what it shows; the demo's last table is docs/ablation.md at commit
+758a9d0.
 """
 from __future__ import annotations
 
@@ -89,9 +90,10 @@ SHARES_CRITIC = {"w/o Decoupled-GAE", "w/o Length-adaptive GAE", "w/o Clip-Highe
                  "w/o Positive Example LM Loss", "w/o Group-Sampling", "VAPO mu 0.1"}
 EQUAL_UPDATES = {"DAPO equal updates"}  # the budget in steps, not in samples: --max-samples left off
 CONTROLS = [r for r, paper, _ in ROWS if paper == "-"]
-# Each algorithm's own actor learning rate, where its sweep on the validation split (bench/long_study.py --tier 5:
-# 5e-6, 1.5e-5 and 5e-5, one seed each, the best mean of validation greedy and avg@2) picked another than the
-# preset's; every row that modifies an algorithm (FAMILY) runs at that algorithm's rate, and its run folders say so.
+# Each algorithm's own actor learning rate, where its sweep on the validation split (bench/long_study.py --tier 5
+# at commit 758a9d0: 5e-6, 1.5e-5 and 5e-5, one seed each, the best mean of validation greedy and avg@2) picked
+# another than the preset's; every row that modifies an algorithm (FAMILY) runs at that algorithm's rate, and its
+# run folders say so.
 ACTOR_LR = {"demo": {}, "long": {"PPO": "5e-6"}}
 FAMILY = {"PPO + NLL": "PPO", "GRPO token-level": "GRPO", "GRPO + NLL": "GRPO", "DAPO equal updates": "DAPO"}
 COLLAPSE_LENGTH = 0.8  # a final greedy length below this share of the base's counts as a length collapse

@@ -285,17 +285,6 @@ def sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def clocked(fn, device: torch.device | None = None):
-    """(fn(), seconds), the device synchronised before and after (a CUDA device; nothing to wait for on a CPU)."""
-    if device is not None:
-        sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    if device is not None:
-        sync(device)
-    return out, time.perf_counter() - t0
-
-
 def status_kb(field: str) -> int | None:
     """A field of /proc/self/status in kB (VmRSS, VmHWM), None where there is none."""
     try:
@@ -482,11 +471,11 @@ def group_credit(rewards: torch.Tensor, mask: torch.Tensor, decisive: torch.Tens
 
 def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float,
                decisive: torch.Tensor | None = None, lam_fixed: float = 0.95, errors=None, kinds=None) -> dict:
-    """A critic's bias by position (bench/critic_bias.py's docstring says what each figure is). values, mask [B, T],
-    rewards [B] (decisive [B, T] bool, for the credit figures); lam_fixed is the fixed lambda compared with the
-    length-adaptive one (PPO's 0.95). errors: critic_bias.error_masks' (before, at), for the mean advantage on
-    wrong responses' correct steps before their first error and the credit at that error; kinds
-    (critic_bias.error_kinds' list, with errors): that credit again for the responses whose first error is a
+    """A critic's bias by position. values, mask [B, T], rewards [B] (decisive [B, T] bool, for the credit
+    figures); lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95). errors: (before,
+    at) [B, T] bool, each wrong response's tokens before its first error (task.first_error) and the token of that
+    error, for the mean advantage on wrong responses' correct steps before their first error and the credit at that
+    error; kinds (task.first_error_kind of each response, with errors): that credit again for the responses whose first error is a
     misread, and for those whose first error is the habit."""
     B, T = mask.shape
     lengths = mask.sum(-1)  # [B]
@@ -531,8 +520,8 @@ def _cell(label, values, returns, pick) -> dict:
 
 
 # --- a Qwen2.5-0.5B-shaped stand-in, built without a download -------------------------------------------------
-# What proves the one-GPU path at its real vocabulary and widths on a CPU (bench/gpu_check.py, memory_measured.py,
-# real_size_cpu.py, tests/test_real_size.py; bench/qwen_proxy.py writes a folder of it). The tokenizer: a
+# What proves the one-GPU path at its real vocabulary and widths on a CPU (bench/gpu_check.py,
+# tests/test_real_size.py). The tokenizer: a
 # byte-level BPE (the tokenizers library) whose vocabulary holds the 256 byte symbols, filler tokens up to id
 # 151642, then <|endoftext|> (151643), <|im_start|> (151644) and <|im_end|> (151645) as special tokens, in a
 # PreTrainedTokenizerFast with eos = pad = <|endoftext|> (the base model's) and Qwen's <|im_start|>role ...

@@ -27,7 +27,7 @@ so.
 
 The parts, in this order (the most telling first, so that a late failure loses the least):
 - update: vapo.update at the preset's full length, on a synthetic batch of one micro-batch (4 rows x the prompt
-  width of docs/performance.md's arithmetic + the preset's 2,048 response tokens, every row to the end: the
+  width of docs/scaling.md's arithmetic + the preset's 2,048 response tokens, every row to the end: the
   update's worst case), bf16 autocast and gradient checkpointing as the preset has them, repeated while its box
   lasts (at most --update-repeats): peak allocated and reserved against the arithmetic (33 GB) and the fake-tensor
   measurement (41.9 GB), tokens a second, MFU; the old log-probs from a scoring pass at that length first;
@@ -137,8 +137,8 @@ STOP_GRACE_S = 90  # after a SIGTERM from outside: the step under way and its ch
 SHARDED_GRACE_S = 45  # after a sharded process's box: its SIGTERM stop (a step and a checkpoint) before a SIGKILL
 CHECKPOINT_PARTS = ("train", "resume", "sharded")  # the parts that write checkpoints into the work folder
 
-# docs/performance.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each;
-# its measurement without a GPU (bench/memory_measured.py, fake tensors): 41.9 GB at the update's peak
+# docs/scaling.md's arithmetic for --preset gpu-0.5b: 512 responses and micro-batches of 4, 2,300 tokens each;
+# its measurement without a GPU (bench/memory_measured.py at commit 758a9d0): 41.9 GB at the update's peak
 README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30, update_measured_gb=41.9)
 # bytes of one cached K or V element while sampling under --bf16 with float32 weights: the sampler's preallocated
 # cache stores bf16 (sampler.kv_cache_bytes_per_token, tests/test_rollout.py)
@@ -154,7 +154,7 @@ def model_config(tokenizer, tiny: bool):
 
 
 def memory_arithmetic(params: int, config, rows: int, micro: int, seq: int) -> dict:
-    """docs/performance.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and
+    """docs/scaling.md's items, GB (1e9 bytes): float32 weights + gradients + AdamW moments of policy and
     critic; the KV cache of `rows` sequences of `seq` tokens (KV_BYTES per element); one micro-batch's
     checkpointed layer inputs (bf16) and its float32 logits, softmax and their gradient."""
     head_dim = config.hidden_size // config.num_attention_heads
@@ -1118,7 +1118,7 @@ def write_summary(report: Report):
              f"{d.get('setup_s', 0):.0f} s; {', '.join(f'{k} {v}' for k, v in d['versions'].items())}"]
     readme = memory_arithmetic(494_032_768, model_config(task.build_tokenizer(), False), README["rows"],
                                README["micro"], README["seq"])
-    lines.append(f"docs/performance.md arithmetic ({README['rows']} rows, micro-batch {README['micro']} x "
+    lines.append(f"docs/scaling.md arithmetic ({README['rows']} rows, micro-batch {README['micro']} x "
                  f"{README['seq']} tokens): update {readme['update_peak_gb']:.1f} GB, sampling "
                  f"{readme['sampling_peak_gb']:.1f} GB (the docs say {README['update_gb']} and "
                  f"{README['sampling_gb']}; "

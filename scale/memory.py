@@ -11,7 +11,7 @@ What a process of scale/train.py holds (FSDP2, float32 master weights, bf16 comp
       layer's float32 gradient before its reduce-scatter, the embeddings and LM head gathered for the whole pass,
       checkpointed layer inputs (--gradient-checkpointing) and the logits of one micro-batch: the bf16 logits
       and four float32 logit-sized tensors at the backward's peak (the float32 copy, logsumexp's and the
-      log-softmax's temporaries, their gradient: measured at Qwen2.5-0.5B's shape, docs/performance.md), 18 B a
+      log-softmax's temporaries, their gradient: measured at Qwen2.5-0.5B's shape, docs/scaling.md), 18 B a
       logit;
   the vLLM engine: a full bf16 copy of the policy plus its KV cache (one engine per process), or 1 / K of both
   with tensor-parallel engines of K processes (--vllm-tp K); both must fit the share of the GPU it is given

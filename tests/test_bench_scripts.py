@@ -1,4 +1,4 @@
-"""bench/bench_step.py, bench/gpu_check.py and bench/vs_trl.py run, in their smallest forms, and write the JSON they
+"""bench/gpu_check.py, bench/vs_trl.py and the other user scripts run, in their smallest forms, and write the JSON they
 promise (the figures themselves are measurements for an idle machine or a GPU, not checked here). vs_trl.py runs
 this project's contenders only: TRL is a benchmark dependency that CI does not install."""
 import importlib.util
@@ -24,26 +24,6 @@ def run(args, timeout=300, ok=True, **env_extra):
     return proc
 
 
-def test_bench_step_tiny_writes_phases_floors_and_ratios(tmp_path):
-    out = tmp_path / "bench_step.json"
-    proc = run(["bench/bench_step.py", "--tiny", "--device", "cpu", "--settings", "demo", "13m", "--repeats", "1",
-                "--warmup", "0", "--out", str(out)])
-    assert "| update / (fwd+bwd + AdamW)" in proc.stdout and "machine:" in proc.stdout
-    report = json.loads(out.read_text())
-    assert {"machine", "date", "settings"} <= report.keys()
-    for name in ("demo", "13m"):
-        r = report["settings"][name]
-        assert set(r["phases"]) == {"rollout", "reward", "scoring", "advantages", "update", "step"}
-        assert set(r["floors"]) == {"sampling", "update_fwd_bwd", "update_adamw", "update"}
-        assert set(r["ratios"]) == {"update/floor", "update/fwd_bwd", "sampling/floor"}
-        assert all(v > 0 for v in r["ratios"].values())
-        assert all(p["median_s"] > 0 for k, p in r["phases"].items() if k in ("rollout", "scoring", "update"))
-        assert r["rollouts"][0]["B"] == 4 and r["config"]["max_new_tokens"] == 16
-        assert r["optimizer_steps_per_update"] == 4  # 2 mini-batches x 2 models
-        assert r["memory"]["peak_mb"] > 0
-    assert 12e6 < report["settings"]["13m"]["model"]["policy_params"] < 14e6
-
-
 ALL_BUT_SHARDED = ["update", "train", "numerics", "resume", "sample", "evaluate", "vllm"]
 
 
@@ -64,7 +44,7 @@ def test_gpu_check_tiny_runs_on_cpu(tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["status"] == "complete" and list(report["parts"]) == ALL_BUT_SHARDED
     assert (out / "gpu_check.txt").read_text().splitlines()[0].startswith("machine:")
-    assert "docs/performance.md arithmetic" in proc.stdout
+    assert "docs/scaling.md arithmetic" in proc.stdout
     parts = report["parts"]
     assert all(p["status"] in ("ok", "skipped") for p in parts.values()), parts
     shape = report["model"]["config"]
@@ -367,24 +347,6 @@ def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):
     assert same_metrics.main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 1
 
 
-def test_memory_measured_counts_the_update_and_the_kv_cache_without_storage():
-    """bench/memory_measured.py's phases at 2 layers under FakeTensorMode (no storage, seconds): the policy's
-    micro-step holds at least three float32 logit-sized tensors of [b, T, V]; a decode step holds the float32 cache."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import memory_measured
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode():
-        update = memory_measured.measure_update(2, 2, 16, 112)
-        decode = memory_measured.measure_decode(2, 64, 255)
-    logits_gb = 2 * 112 * 151936 * 4 / 1e9
-    assert update["policy"]["temp"] >= 3 * logits_gb and update["policy"]["gradient"] == update["critic"]["gradient"]
-    weights_gb = 2 * 165_960_320 * 4 / 1e9  # policy and critic at 2 layers, float32 (the critic's head is tiny)
-    assert abs(update["policy"]["parameter"] - weights_gb) < 0.02
-    assert update["policy"]["optstate"] >= 2 * weights_gb - 0.02
-    cache_gb = 2 * 64 * 2 * 2 * 255 * 64 * 4 / 1e9  # layers x rows x (K, V) x heads x tokens x dim x float32
-    assert decode["activation"] >= cache_gb and "gradient" not in decode
-
-
 def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
     """A budget too small for anything: the train part stops after the step under way (a scheduler's stop, with
     its checkpoint), the sampling stops at its box yet reports its peak, the evaluation is cut, and a part left
@@ -447,99 +409,6 @@ def test_gpu_check_killed_midway_keeps_the_finished_parts(tmp_path):
             # after it); else stopped in its setup, or after the RL step under way
             assert train is None or train["status"] == "stopped" or (train.get("stopped_by")
                                                                       and train["steps_done"] < 40)
-
-
-def test_long_study_picks_by_its_fixed_rule_and_reports_every_point():
-    """The tiers' rule: best mean validation greedy among the points whose greedy misread rate is at most the base
-    model's plus 2 points, else the best overall; the table keeps the losers, with their seed counts."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import long_study
-
-    def result(point, seed, greedy, misread):
-        split = {"accuracy": greedy, "lookup_rate": misread, "habit_rate": 0.1}
-        return {"point": point, "seed": seed, "validation": {"greedy": split, "sampled": split},
-                "run": {"clip_frac_low": 0.001, "clip_frac_high": 0.0, "approx_kl": 1e-4}}
-
-    base = {"greedy": {"accuracy": 0.58, "lookup_rate": 0.08}, "sampled": {"accuracy": 0.16, "lookup_rate": 0.13,
-                                                                          "habit_rate": 0.27}}
-    results = [result("fast", 0, 0.70, 0.15), result("fast", 1, 0.70, 0.15),  # best greedy, too many misreads
-               result("slow", 0, 0.60, 0.09), result("slow", 1, 0.62, 0.10), result("still", 0, 0.59, 0.08)]
-    assert long_study.pick(results, base) == "slow"
-    assert long_study.pick([r for r in results if r["point"] == "fast"], base) == "fast"  # none passes: best
-    table = long_study.table(results, base)
-    assert "| fast | 2 | 70.0 +- 0.0" in table and "| slow | 2 | 61.0 +- 1.4" in table and "| still | 1 | 59.0 |" in table
-    assert "| 0.100 +- 0.000 | 0.000 +- 0.000 | 0.0001 +- 0 |" in table  # clipped shares to 3 decimals
-    assert table.count("\n| ") == 4  # the base model's row and every point's
-    split = results[2]["validation"]["greedy"]  # only slow's seed 0 has the first errors' kinds
-    results[2]["validation"] = {"greedy": {**split, "first_errors": {"misread": 0.25}},
-                                "sampled": {**split, "first_errors": {"habit": 0.5}}}
-    assert "| slow | 2 | 61.0 +- 1.4 | 61.0 +- 1.4 | 9.5 +- 0.7 | 9.5 +- 0.7 | 10.0 +- 0.0 | 25.0 | 50.0" \
-        in long_study.table(results, base)
-
-
-def test_long_study_tier_3_is_the_revised_preset_and_its_critic_lambda_alone():
-    """Tier 3 runs the preset of its time (mu 1) again (for its checkpoints) and changes lambda_critic alone: its
-    centre's options must give exactly that preset's config, and the lever point must differ from it in lam_critic
-    only."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import long_study
-    import vapo
-
-    def cfg(extra):
-        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
-    preset = cfg(["--mu", "1.0"])  # --preset long of tiers 3 and 4 (tier 4 moved it to mu 3)
-    centre, lever = (cfg(long_study.TIER3[name]) for name in long_study.TIER3)
-    assert centre == preset
-    changed = {f for f in preset.__dataclass_fields__ if getattr(lever, f) != getattr(preset, f)}
-    assert changed == {"lam_critic"} and lever.lam_critic == 0.95 and preset.lam_critic == 1.0
-
-
-def test_long_study_tier_4_changes_one_option_of_the_preset_at_each_point():
-    """Tier 4's two levers, each the preset of its time (mu 1) with one option changed: mu 3 and 48 steps (40);
-    --preset long is now exactly tier 4's pick, the mu-3 point."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import long_study
-    import vapo
-
-    def cfg(extra):
-        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
-    preset = cfg(["--mu", "1.0"])
-    assert cfg(long_study.TIER4[long_study.PRESET_NOW]) == cfg([])
-    changes = {}
-    for name, extra in long_study.TIER4.items():
-        point = cfg(extra)
-        changes[name] = {f: (getattr(preset, f), getattr(point, f)) for f in preset.__dataclass_fields__
-                         if getattr(point, f) != getattr(preset, f)}
-    assert changes == {f"{long_study.PRESET_POINT}+mu3": {"mu": (1.0, 3.0)},
-                       f"{long_study.PRESET_POINT}+steps48": {"steps": (40, 48)}}
-
-
-def test_long_study_tier_5_sweeps_each_algorithms_lr_and_picks_by_greedy_and_avg():
-    """Tier 5: every algorithm at the same three actor lrs, otherwise the preset's options and its ablation rows'
-    budget of samples (only algo and actor_lr differ from the preset); the pick per algorithm is the best mean of
-    validation greedy and avg@2, whatever the misreads."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import long_study
-    import vapo
-
-    def cfg(extra):
-        return vapo.config_from_args([*long_study.TRAIN_ARGS, *extra])[0]
-    preset = cfg(["--max-samples", "2560"])
-    assert len(long_study.TIER5) == 12
-    for name, extra in long_study.TIER5.items():
-        point = cfg(extra)
-        algo, lr = name.split("-lr")
-        assert point.algo == algo and point.actor_lr == float(lr) and point.max_samples == 2560
-        same = vapo.config_from_args([*long_study.TRAIN_ARGS, "--max-samples", "2560", "--algo", algo])[0]
-        assert {f for f in preset.__dataclass_fields__ if getattr(point, f) != getattr(same, f)} <= {"actor_lr"}
-
-    def result(point, greedy, sampled):
-        return {"point": point, "seed": 0, "validation": {"greedy": {"accuracy": greedy},
-                                                          "sampled": {"accuracy": sampled}}}
-    results = [result("ppo-lr5e-6", 0.60, 0.25), result("ppo-lr1.5e-5", 0.52, 0.30),  # 0.425 > 0.41
-               result("grpo-lr5e-6", 0.70, 0.10), result("grpo-lr1.5e-5", 0.60, 0.32),  # 0.46 > 0.40
-               result("lr1.5e-5-mb4", 0.99, 0.99)]  # another tier's point: not an algorithm's
-    assert long_study.pick_lr(results) == {"grpo": "grpo-lr1.5e-5", "ppo": "ppo-lr5e-6"}
 
 
 def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):

@@ -205,15 +205,13 @@ def test_the_judge_measures_the_critic_on_what_it_saw_before(tiny_model_dir, tmp
                              None, None) is None
 
 
-def test_the_grids_credit_figure_sees_where_exact_values_drop(tokenizer):
-    """bench/critic_grid.credit_figures: V*'s TD error sits on the habit response's first wrong token (its whole
-    drop from 0.5 to -1 happens there), so its credit is far above 1; the step-count floor is the same on every
-    token, so its TD error is 0 there (all of it at the end)."""
-    import os
-    import sys
+def test_exact_values_put_the_td_error_on_the_habits_first_wrong_token(tokenizer):
+    """V*'s TD error (GAE at lambda 0) on the habit response sits on its first wrong token (task.first_error: its
+    whole drop from 0.5 to -1 happens there), far above an even spread; the step-count floor is the same on every
+    token, so its TD error is 0 there (all of it at the end); and V* explains more of the return than the floor."""
     from types import SimpleNamespace
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    import critic_grid
+    from gae import gae, terminal_rewards
+    from losses import explained_variance
     exact = observed()
     texts = [RIGHT, HABIT, RIGHT, HABIT]
     ids = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
@@ -222,8 +220,22 @@ def test_the_grids_credit_figure_sees_where_exact_values_drop(tokenizer):
     rollout = SimpleNamespace(B=4, texts=texts, lengths=lengths,
                               response_ids=torch.tensor([i + [tokenizer.pad_token_id] * (T - len(i)) for i in ids]),
                               response_mask=(torch.arange(T)[None, :] < lengths[:, None]).long())
-    part = {"rollout": rollout, "problems": [PROBLEM] * 4}
-    star = critic_grid.credit_figures(exact.values(rollout, part["problems"], tokenizer), part, tokenizer)
-    floor = critic_grid.credit_figures(exact.floor_values(rollout, part["problems"]), part, tokenizer)
-    assert star["credit_td"] > 10 and floor["credit_td"] == 0
-    assert star["ev"] > floor["ev"]
+    mask = rollout.response_mask
+    at = torch.zeros_like(mask, dtype=torch.bool)
+    for b, text in enumerate(texts):
+        char = task.first_error(text, PROBLEM)
+        if char is not None:  # the token whose text covers that character
+            ends = torch.tensor([len(tokenizer.decode([i])) for i in ids[b]]).cumsum(0)
+            at[b, int((ends <= char).sum())] = True
+    assert at.sum() == 2  # one mark on each habit response, none on the right ones
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    terminal = terminal_rewards(rewards, mask)
+    returns = rewards[:, None] * mask
+
+    def credit(values):  # (share of sum |TD error| on the marked tokens) / (their share of the tokens)
+        td = gae(terminal, values, mask, lam=0.0)[0].abs() * mask
+        return float((td[at].sum() / td.sum().clamp(min=1e-12)) / (at.sum() / mask.sum()))
+    star = exact.values(rollout, [PROBLEM] * 4, tokenizer)
+    floor = exact.floor_values(rollout, [PROBLEM] * 4)
+    assert credit(star) > 10 and credit(floor) == 0
+    assert explained_variance(star, returns, mask) > explained_variance(floor, returns, mask)

@@ -1,6 +1,6 @@
 """bench/demo_seeds.py reads run folders (with bench/common.py, which every sweep shares) and counts what
 learned: checked on run folders written here by hand (the benchmark itself runs the demo for minutes per seed; see
-docs/demo.md for its figures)."""
+docs/results.md for its figures)."""
 import json
 import os
 import sys

@@ -10,8 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# docs/demo.md's claim, the same bar as bench/demo_seeds.py: runs differ between machines and thread counts (not
-# bit-identical), so this is one draw from the distribution that the benchmark measured (docs/demo.md), whose
+# docs/results.md's claim, the same bar as bench/demo_seeds.py: runs differ between machines and thread counts (not
+# bit-identical), so this is one draw from the distribution that the benchmark measured (docs/results.md), whose
 # smallest gain sat far above it; a demo that only drifts moves +-3 points.
 LEARNING_MIN_GAIN = 0.25  # held-out accuracy at the last evaluation minus the base model's, avg@k and greedy
 LENGTH_MIN_RATIO = 0.8  # the mean response length may not fall below this share of the base model's (collapse)
@@ -22,7 +22,7 @@ def test_demo_learns(tmp_path):
     """The demo as users run it (`python vapo.py`, on one thread: the suite runs a test per core), its 30 steps of
     value pretraining and its first 12 RL steps of 60: the base model's borrow habit is mostly gone by then
     (measured on one thread, 100 held-out prompts: greedy 25% -> 36% at step 4 -> 95% at step 8 -> 92% at step 12
-    on seed 0; seeds 1 and 2 alike, docs/demo.md), so the gain must already clear the bar; the whole run's figures over
+    on seed 0; seeds 1 and 2 alike, docs/results.md), so the gain must already clear the bar; the whole run's figures over
     10 seeds are bench/demo_seeds.py's."""
     run_dir = tmp_path / "demo"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two threads beside the other worker's test ran 3x slower

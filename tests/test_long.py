@@ -156,10 +156,11 @@ def test_a_missing_long_model_names_its_build_command(monkeypatch, tmp_path):
 
 
 def test_critic_bias_compares_mean_values_with_the_monte_carlo_return_by_position():
-    """bench/critic_bias.py's table on hand-made rows: a critic equal to each row's reward has no bias anywhere;
-    a constant critic c is off by c minus the mean reward of the responses that reach each position."""
+    """common.bias_table (bench/ablation.py judges each run's final critic with it) on hand-made rows: a critic
+    equal to each row's reward has no bias anywhere; a constant critic c is off by c minus the mean reward of the
+    responses that reach each position."""
     sys.path.insert(0, BENCH)
-    import common  # bench/critic_bias.py's measures (bench/ablation.py judges runs with them too)
+    import common  # bench/ablation.py's measures of a critic
     mask = torch.zeros(3, 20, dtype=torch.long)
     mask[0, :20], mask[1, :10], mask[2, :5] = 1, 1, 1
     rewards = torch.tensor([1.0, -1.0, -1.0])
@@ -174,11 +175,11 @@ def test_critic_bias_compares_mean_values_with_the_monte_carlo_return_by_positio
 
 
 def test_credit_at_the_decisive_tokens():
-    """Credit assignment as bench/critic_bias.py measures it: a critic whose value changes only at the decisive
-    token puts every TD error there (credit = 1 / the decisive tokens' share, its maximum); GRPO's group advantage,
+    """Credit assignment as bench/ablation.py measures it (common.bias_table): a critic whose value changes only at
+    the decisive token puts every TD error there (credit = 1 / the decisive tokens' share, its maximum); GRPO's group advantage,
     the same on every token of a response, is spread evenly (credit 1 when the responses are of equal length)."""
     sys.path.insert(0, BENCH)
-    import common  # bench/critic_bias.py's measures (bench/ablation.py judges runs with them too)
+    import common  # bench/ablation.py's measures of a critic
     mask = torch.ones(4, 10, dtype=torch.long)
     rewards = torch.tensor([1.0, -1.0, 1.0, -1.0])
     decisive = torch.zeros(4, 10, dtype=torch.bool)
@@ -249,27 +250,3 @@ def test_a_build_resumed_after_a_stage_gives_the_uninterrupted_builds_weights(tm
                                     resume=(str(tmp_path / "first"), 1))
     assert resumed["sha256"] == whole["sha256"] and resumed["recipe"]["resumed_after_stages"] == 1
     assert whole["sha256"] != json.load(open(tmp_path / "first" / builds.BUILD_INFO))["sha256"]
-
-
-def test_error_masks_mark_the_first_wrong_token_of_each_wrong_response(tokenizer):
-    """bench/critic_bias.error_masks on two held-out problems: the right response has no mark, the wrong one (its
-    second step's borrow forgotten) is marked at the token of that tens digit, every token before it 'before'."""
-    from rollout import rollout_from_tokens
-    sys.path.insert(0, BENCH)
-    import critic_bias as bias
-    problems = task.make_dataset(2, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
-    right = task.solve(problems[0])
-    chain = task.solve(problems[1])
-    k = chain.index("=") + 1  # the first step's total, its tens digit written wrong
-    wrong = chain[:k] + ("1" if chain[k] != "1" else "2") + chain[k + 1:chain.rindex(":") + 2]
-    wrong += str(int(problems[1]["answer"]) + 1)  # and the answer wrong with it
-    eos = tokenizer.eos_token_id
-    ids = [tokenizer(t)["input_ids"] + [eos] for t in (right, wrong)]
-    prompts = [tokenizer(p["prompt"])["input_ids"] for p in problems]
-    rollout = rollout_from_tokens(prompts, ids, [[0.0] * len(x) for x in ids], 1, [eos], tokenizer.pad_token_id,
-                                  tokenizer, "cpu")
-    before, at = bias.error_masks(rollout, tokenizer, prompts=2)
-    assert not before[0].any() and not at[0].any()
-    t = int(at[1].nonzero())
-    assert at[1].sum() == 1 and before[1].nonzero().flatten().tolist() == list(range(t))
-    assert "".join(tokenizer.decode([i]) for i in ids[1][:t]) == wrong[:k]  # the tokens before it: the right prefix

@@ -2,8 +2,8 @@
 random-weight model of that shape at 2 of its 24 layers (166M parameters, the 151,936-token embedding included),
 with a tokenizer whose special tokens sit at Qwen2.5's ids and the instruct model's EOS, on a GSM8K-form file:
 value pretraining, rollout, math reward, update, checkpoint, then --resume. In float32 (--no-bf16: bf16 is
-emulated on many CPUs). The full depth runs in bench/real_size_cpu.py (docs/performance.md). Slow (about two
-minutes: two models of this size with their AdamW states are written to each checkpoint)."""
+emulated on many CPUs). The full depth ran in bench/real_size_cpu.py at commit 758a9d0 (docs/results.md). Slow
+(about two minutes: two models of this size with their AdamW states are written to each checkpoint)."""
 import json
 import os
 import subprocess

@@ -336,7 +336,7 @@ def test_a_group_shares_one_prefill_of_its_prompt(tiny_policy, tokenizer, monkey
 
 
 def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
-    """The measurement behind docs/performance.md's KV-cache row: at Qwen2.5-0.5B's attention shape (hidden 896,
+    """The measurement behind docs/scaling.md's KV-cache row: at Qwen2.5-0.5B's attention shape (hidden 896,
     14 heads, 2 KV heads of 64), per layer and token. With float32 weights under bf16 autocast (--bf16), the
     sampler's preallocated cache stores bf16 (2 bytes an element: what the product relies on); transformers' own
     growing cache held K in float32 (rotary embeddings promote it) and V in float32 in 5.17 and 5.19, V in bf16 in

@@ -197,13 +197,13 @@ def test_sharding_refuses_what_it_cannot_split(tmp_path):
 
 
 def test_a_sharded_setup_holds_shards_not_copies(tmp_path):
-    """2 processes, a 104M-parameter model stored in bf16 (bench/sharded_memory.py, which reads each rank's
-    resident set): loading the policy and the critic adds about one full float32 copy per rank (its halves of
+    """2 processes, a 104M-parameter model stored in bf16 (tests/sharded_memory_check.py, which reads each
+    rank's resident set): loading the policy and the critic adds about one full float32 copy per rank (its halves of
     both), not two whole models; starting the HF engine adds one (the engine's own copy, by design); a checkpoint
     before any step adds next to nothing on rank 1 (no optimizer state is made for it, no full state dict
     gathered there). Before sharded loading, loading alone added 2 copies and that checkpoint 2.5 on every rank."""
     out = tmp_path / "memory.json"
-    run([sys.executable, "bench/sharded_memory.py", "--sizes", "100", "--out", str(out)], timeout=900)
+    run([sys.executable, "tests/sharded_memory_check.py", "--sizes", "100", "--out", str(out)], timeout=900)
     size = json.loads(out.read_text())["sizes"]["100"]
     copy = size["full_float32_copy_gb"]
     assert size["params"] > 100e6

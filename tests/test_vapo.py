@@ -717,7 +717,7 @@ def test_the_runs_random_streams_are_named_in_one_place():
     pretraining's; the evaluation's sampling against the trainer's)."""
     import re
     for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "sampler.py", "engines.py", "data.py",
-                 "models.py", "config.py", "bench/long_study.py"):
+                 "models.py", "config.py"):
         source = open(os.path.join(ROOT, name)).read()
         assert not re.search(r"seed\s*\+\s*\d", source), name
     streams = config.STREAMS

