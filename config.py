@@ -296,8 +296,7 @@ SINGLE_DIGIT_SUMS = ("reasoning-gym:basic_arithmetic?operators=('+','-')&min_ter
 # Presets are budgets, side by side. Config's defaults are the demo's, so `python vapo.py` runs them; with --model
 # and no --preset, "gpu-0.5b" (one GPU's budget, whatever the model: the paper's 313 rollouts of 8,192 samples fit
 # no single GPU); "paper" only when asked for. A preset sets only what it names ( _ : the default, or what you give).
-# Why each value: docs/techniques.md (the demo's and the paper's) and docs/results.md (long, cpu-135m, gpu-0.5b,
-# each measured on training data).
+# Why each value, as measured on training data: docs/techniques.md, "The presets: why each value".
 _ = dataclasses.MISSING
 PRESET_NAMES = ("demo", "long", "cpu-135m", "gpu-0.5b", "paper")
 PRESET_TABLE: dict[str, tuple] = {
