@@ -70,7 +70,7 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
                     pretrain: dict | None = None, judge: list | None = None):
     """checkpoint/ = policy/ and critic/ (Hugging Face format), state.pt (optimizers, schedulers, RNG states,
     step; `pretrain` = {"step", "recent"} while value pretraining is unfinished; `judge`, the counts behind the
-    critic's exact-value figures (task.ExactValues.batches), so that a resumed run reports them as one that ran
+    critic's exact-value figures (exact_values.ExactValues.batches), so that a resumed run reports them as one that ran
     through).
 
     Written to checkpoint.tmp, synced, verified by reading every file back (read_checkpoint), and only then

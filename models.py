@@ -316,3 +316,17 @@ def replace_atomically(tmp: str, final: str, previous: str | None = None, betwee
             shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+def frozen_copy(model):
+    """A copy of model with no gradients, in eval mode: the reference policy of --kl-coef."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def autocast(cfg, device: torch.device):
+    """bfloat16 autocast around forward passes (sampling, scoring, the update's forwards) when --bf16; weights,
+    gradients and optimizer states stay float32, so an lr of 1e-6 still moves them."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()

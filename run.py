@@ -6,7 +6,9 @@ and the decision after each step.
     Run                the run folder: config.json, metrics.jsonl, checkpoint/ (+ checkpoint.prev/, the fallback),
                        critic_pretrained/, curves.png; resume (Progress), the signals, the after-step decision
                        (log; stop on non-finite steps; evaluate and plot; save; stop on a signal)
-    SingleProcess      the hook through which vapo.py sees the whole batch: the identity in one process
+    SingleProcess      the hook through which vapo.py sees the whole batch: the identity in one process; the
+                       batch's statistics (mean, sum, standard_error) and Mean, the update's running means
+    timed              a phase's seconds in the step's record
 
 Two rooms of their own beside it: checkpoints.py (writing a checkpoint so that a kill leaves a whole one, reading
 it back with its fallback) and views.py (the per-token record behind the teaching views, TokenViews).
@@ -16,6 +18,7 @@ whole, and a run killed before its first checkpoint starts again from the beginn
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import importlib.util
@@ -41,6 +44,7 @@ from models import (found_or_exit, gguf_location, is_gguf, load_models, load_tok
                     safetensors_files)
 from plots import plot_metrics
 from reward import Verifier, arith_reward, math_reward, reasoning_gym_reward
+from task import first_error
 from views import TokenViews
 
 log = logging.getLogger("vapo")
@@ -128,6 +132,63 @@ class SingleProcess:
         for k, (opt_state, sched_state) in saved.items():
             optimizers[k][0].load_state_dict(opt_state)
             optimizers[k][1].load_state_dict(sched_state)
+
+    # ---- statistics over the whole batch (every process's share of it) ----
+    def mean(self, x: torch.Tensor) -> float:
+        """The mean of every entry of x over the whole batch (all processes' x)."""
+        n = torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)
+        total = self.all_sum(torch.stack([x.double().sum(), n]))
+        return (total[0] / total[1].clamp(min=1)).item()
+
+    def sum(self, x: torch.Tensor) -> float:
+        """The sum of every entry of x over the whole batch (all processes' x)."""
+        return self.all_sum(x.double().sum()).item()
+
+    def standard_error(self, per_prompt: torch.Tensor, prompts: int) -> float:
+        """Standard error of an accuracy over prompts, sqrt(s^2 / P) with s^2 the sample variance of each prompt's
+        mean score (its samples are not independent draws, so the prompt is the unit), over all processes' prompts."""
+        mean, square = self.mean(per_prompt), self.mean(per_prompt ** 2)
+        return ((square - mean ** 2) * prompts / max(prompts - 1, 1) / max(prompts, 1)) ** 0.5
+
+
+class Mean:
+    """Weighted running means of named floats (stats of micro-batches weighted by their token counts)."""
+
+    def __init__(self):
+        self.sums, self.weights = {}, {}
+
+    def add(self, stats: dict[str, float], weight: float = 1.0):
+        for k, v in stats.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
+            self.weights[k] = self.weights.get(k, 0.0) + weight
+
+    def merge(self, other: "Mean"):
+        for k in other.sums:
+            self.sums[k] = self.sums.get(k, 0.0) + other.sums[k]
+            self.weights[k] = self.weights.get(k, 0.0) + other.weights[k]
+
+    def result(self, parallel: SingleProcess) -> dict[str, float]:
+        """Each name's weighted mean over every process's sums; 0.0 for a name whose weights were all 0 (e.g. the
+        NLL with no correct sample)."""
+        keys = parallel.all_keys(self.sums)
+        both = parallel.all_sum(torch.tensor([[self.sums.get(k, 0.0), self.weights.get(k, 0.0)] for k in keys],
+                                             dtype=torch.float64).reshape(-1, 2)).tolist()
+        return {k: s / w if w > 0 else 0.0 for k, (s, w) in zip(keys, both)}
+
+
+@contextlib.contextmanager
+def timed(stats: dict, phase: str, device: torch.device | None = None):
+    """Adds the seconds the block takes to stats["time/<phase>"]. On a CUDA device the queued kernels are waited for
+    before and after the block (torch.cuda.synchronize), so that each phase is charged with its own GPU work, not
+    the previous phase's (the phases end in .item() calls that wait for most of it anyway). On a CPU nothing waits."""
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    yield
+    if cuda:
+        torch.cuda.synchronize(device)
+    stats[f"time/{phase}"] = stats.get(f"time/{phase}", 0.0) + time.perf_counter() - t
 
 
 # ==================================================================================================================
@@ -282,6 +343,7 @@ class Run:
             write_atomically(os.path.join(self.dir, "config.json"), json.dumps(dataclasses.asdict(cfg), indent=2))
             log.info("run folder %s; config:\n%s", self.dir, json.dumps(dataclasses.asdict(cfg), indent=1))
         self.views = TokenViews(self)  # the per-token record (tokens.jsonl, views/)
+        self.views.first_error = first_error if cfg.builtin else None  # the built-in task marks the first wrong token
 
     @staticmethod
     def check_folder(folder: str | None, resume: bool, overwrite: bool) -> list[str]:

@@ -17,22 +17,19 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
     5. update      mini-batches of PPO (policy) and value-loss (critic) steps                 update
     6. log         one flat record; evaluate, plot, checkpoint (run.py decides when)         evaluate
 
-| # | technique (paper section)       | where                                                                      |
-|---|---------------------------------|----------------------------------------------------------------------------|
-| 1 | Value-Pretraining (3.1)         | `pretrain_value`: critic-only steps, Monte-Carlo targets (lambda = 1),     |
-|   |                                 | until explained variance is reached                                        |
-| 2 | Decoupled-GAE (3.2)             | `gae.decoupled_gae`: returns with lam_critic = 1, advantages with lam_policy |
-| 3 | Length-adaptive GAE (3.2)       | `gae.length_adaptive_lambda`: lam_policy = 1 - 1 / (alpha * length)          |
-| 4 | Clip-Higher (3.3)               | `losses.policy_loss`: ratio clipped to [1 - eps_low, 1 + eps_high]          |
-| 5 | Token-level loss (3.3)          | `losses.aggregate(..., "token-mean")`: 1 / (sum of lengths) over the batch  |
-| 6 | Positive-example LM loss (3.4)  | `losses.positive_nll_loss`, added as mu * NLL in `update`                    |
-| 7 | Group-Sampling (3.4)            | `engines.HFEngine.generate(prompts, n=G)`: G samples per prompt            |
+The seven techniques, each one switch of Config (e.g. `--no-clip-higher`) and one `if` where it acts:
 
-Each technique is one boolean in `Config` (config.py, e.g. `--no-clip-higher`) and one `if` where it acts, so the
-paper's ablations run on the same code. The paper's baselines are named sets of the same switches (`--algo`,
-config.ALGORITHMS): `ppo`, `grpo` (no critic: `gae.group_advantage`) and `dapo` (GRPO with clip-higher, the
-token-level loss, dynamic sampling in `sample_and_reward` and the soft overlong punishment). Where we differ from
-the paper, and why: docs/techniques.md.
+    1 Value-Pretraining (3.1)       pretrain_value: critic-only steps, Monte-Carlo targets (lambda = 1)
+    2 Decoupled-GAE (3.2)           gae.decoupled_gae: returns with lam_critic = 1, advantages with lam_policy
+    3 Length-adaptive GAE (3.2)     gae.length_adaptive_lambda: lam_policy = 1 - 1 / (alpha * length)
+    4 Clip-Higher (3.3)             losses.policy_loss: the ratio clipped to [1 - eps_low, 1 + eps_high]
+    5 Token-level loss (3.3)        losses.aggregate(..., "token-mean"): 1 / (sum of lengths) over the mini-batch
+    6 Positive-example LM loss (3.4) losses.positive_nll_loss, added as mu * NLL in update
+    7 Group-Sampling (3.4)          engines.HFEngine.generate(prompts, n=G): G samples per prompt
+
+The paper's baselines are named sets of the same switches (`--algo`, config.ALGORITHMS): `ppo`, `grpo` (no
+critic: gae.group_advantage) and `dapo` (GRPO with clip-higher, the token-level loss, dynamic sampling in
+sample_and_reward and the soft overlong punishment). Where we differ from the paper: docs/techniques.md.
 
 Around this file: config.py (every option, the presets, the command line), run.py (the run folder, signals, when
 to evaluate and save), checkpoints.py, rollout.py (the Rollout batch, the sampling loop that fills it, its
@@ -41,13 +38,11 @@ task.py (the built-in tasks), views.py (the teaching views' record).
 """
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
 import sys
 import time
-from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -59,11 +54,11 @@ from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
-from models import zero_head
+from models import autocast, frozen_copy, zero_head
 from reward import Verifier, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
-from run import Progress, Run, SingleProcess, load_inputs
-from task import CriticJudge, CriticOffset, ExactValues
+from run import Mean, Progress, Run, SingleProcess, load_inputs, timed
+from exact_values import CriticJudge, CriticOffset, ExactValues
 
 log = logging.getLogger("vapo")
 
@@ -145,13 +140,12 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
     refill = lambda r: parallel.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
     rollout, scores, stats = sample_and_reward(engine, prompts, cfg, verifier, refill)  # 1, 2
-    stats["samples_generated"] = int(batch_sum(torch.tensor(stats["samples_generated"])))
+    stats["samples_generated"] = int(parallel.sum(torch.tensor(stats["samples_generated"])))
     if hasattr(engine, "sleep"):  # a colocated vLLM engine frees the GPU for the update (synced and woken after)
         engine.sleep()
     if rollout.B == 0:
         log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
         return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
-    mask = rollout.response_mask
     drawn = prompts + [p for r in range(1, stats.get("dynamic/rounds", 0) + 1) for p in refill(r)]  # every round's
     problems = [drawn[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt (prompt_index counts all rounds)
     rewards = scores.float()  # [B], the verifier's
@@ -174,40 +168,39 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                 batch["critic_offset"] = scored["critic_offset"]
         train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
     stats["time/step"] = time.perf_counter() - t_start
+    record = step_record(step, rollout, scores, rewards, scored, advantages, returns, lam_policy, cfg,
+                         train_stats | stats)
+    if judge is not None:
+        record |= judge(rollout, problems, scored["values"], returns, rewards)
+    return record | {"lr/actor": optimizers["policy"][1].get_last_lr()[0]}
 
-    every = parallel.all_sum  # each figure is over the whole batch (every process's share of it)
-    record = {  # 6. log
-        "step": step + 1,
-        "reward_mean": batch_mean(rewards),
-        "train_acc": batch_mean(scores > 0),
-        "response_len": batch_mean(rollout.lengths),
-        "truncated_frac": batch_mean(rollout.truncated),
-        "empty_responses": int(batch_sum(rollout.lengths == 0)),
-        "groups_all_same": group_all_same(scores, cfg.group_size),
-        "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(),
-        "lr/actor": optimizers["policy"][1].get_last_lr()[0],
-        **train_stats, **stats,
-    }
+
+def step_record(step: int, rollout, scores, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
+                stats: dict) -> dict:
+    """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it)."""
+    mask, every = rollout.response_mask, parallel.all_sum
+    record = {"step": step + 1, "reward_mean": parallel.mean(rewards), "train_acc": parallel.mean(scores > 0),
+              "response_len": parallel.mean(rollout.lengths), "truncated_frac": parallel.mean(rollout.truncated),
+              "empty_responses": int(parallel.sum(rollout.lengths == 0)),
+              "groups_all_same": group_all_same(scores, cfg.group_size),
+              "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(), **stats}
     if "entropy" in scored:  # not given by a sampler that returns only the chosen tokens' log-probs (vLLM)
         record["entropy"] = masked_mean(scored["entropy"], mask, all_sum=every).item()
-    if critic is not None:
-        head = head_mask(mask)  # the critic's fit where its bias sits (the first tenth) and on the rest
+    if "values" in scored:  # a critic's fit overall, on each response's first tenth (where a bias sits), on the rest
+        values, head = scored["values"], head_mask(mask)
         record |= {"explained_variance": explained_variance(values, returns, mask, all_sum=every),
                    "ev_first_tenth": explained_variance(values, returns, head, all_sum=every),
                    "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "value_error": masked_mean(values - returns, mask, all_sum=every).item(),  # the critic's bias
-                   "lam_policy": batch_mean(lam_policy)}
-        if judge is not None:
-            record |= judge(rollout, problems, values, returns, rewards)
+                   "lam_policy": parallel.mean(lam_policy)}
     return record
 
 
 def critic_judge(cfg: Config, critic, tokenizer):
-    """task.CriticJudge: each RL step's critic measured against the built-in task's exact values V* and its
-    step-count floor (ev_floor, ev_exact, ev_critic_exact in the step's record), on the built-in task, in one process,
-    with a critic and without dynamic sampling; None elsewhere (datasets have no exact values; a sharded run's batch
-    is split over processes)."""
+    """exact_values.CriticJudge: each RL step's critic against the task's exact values V* and a step-count floor
+    (ev_exact, ev_floor, ev_critic_exact in its record): the built-in task in one process, with a critic, without
+    dynamic sampling; None elsewhere (datasets have no exact values)."""
     if critic is None or not cfg.builtin or cfg.dynamic_sampling or parallel.world_size > 1:
         return None
     return CriticJudge(tokenizer, window=8)
@@ -215,14 +208,10 @@ def critic_judge(cfg: Config, critic, tokenizer):
 
 def critic_offset(cfg: Config, critic, engine, rows: list[dict], verifier: Verifier, tokenizer,
                   responses: int = 256) -> CriticOffset | None:
-    """--critic-offset exact:OFFSET:SLOPE, the mechanism lab's constructed critic V = V*_0 + b + h (task.CriticOffset;
-    docs/lab.md; not a technique of the paper), made before step 0: the critic's head set to zero (h = 0, so V starts
-    at V*_0 + b exactly), and V*_0, the task's exact values (task.ExactValues), fitted on `responses` (256) responses
-    of the initial policy, one to each of as many training prompts (data.prompt_batch of the run's own stream
-    config.STREAMS["critic_offset"]), sampled at the training temperature with that stream's seed (the trainer's
-    random state is untouched), in passes of a rollout's rows. A resumed run fits it again the same way, before its
-    checkpoint is restored: the same draws of the same initial weights. None without the option (config.validate
-    has checked the task, the critic and dynamic sampling)."""
+    """--critic-offset exact:OFFSET:SLOPE, the mechanism lab's constructed critic V = V*_0 + b + h (docs/lab.md; not
+    the paper's), made before step 0: the critic's head zeroed (h = 0), and V*_0 (exact_values.ExactValues) fitted
+    on `responses` responses of the initial policy to training prompts of the run's own stream, with that stream's
+    seed (a resumed run fits the same draws again, before its checkpoint is restored). None without the option."""
     if cfg.critic_offset is None:
         return None
     if parallel.world_size > 1:
@@ -237,34 +226,16 @@ def critic_offset(cfg: Config, critic, engine, rows: list[dict], verifier: Verif
     exact = ExactValues()
     exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], scores)
     log.info("--critic-offset %s: V*_0 fitted on %d responses of the initial policy (%.1f%% right); the critic is "
-             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * batch_mean(scores > 0))
+             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * parallel.mean(scores > 0))
     return CriticOffset(exact, tokenizer, *cfg.critic_bias)
 
 
 def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
-    """The prompts of round r of a step (0: its batch; 1, 2, ...: dynamic sampling's refills), all from the one
-    stream of prompt_batch: with dynamic sampling, step s owns the block of 1 + dynamic_sampling_rounds batches
-    after step s - 1's, so every prompt comes once an epoch, refilled or not, and a step never holds a prompt
-    twice (unless its block straddles two epochs of the data); without it, batch s of the stream."""
+    """The prompts of round r of a step (0: its batch; 1, 2, ...: dynamic sampling's refills), from one stream: with
+    dynamic sampling step s owns a block of 1 + dynamic_sampling_rounds batches, so each prompt comes once an epoch
+    and a step never holds one twice; without it, batch s of the stream."""
     block = 1 + cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
     return prompt_batch(rows, step * block + r, cfg.prompts_per_rollout, config.stream(cfg.seed, "rl_prompts"))
-
-
-@contextmanager
-def timed(stats: dict, phase: str, device: torch.device | None = None):
-    """Adds the seconds the block takes to stats["time/<phase>"]. device: where the phase's work runs; on a CUDA
-    device the queued kernels are waited for before and after the block (torch.cuda.synchronize), so that each
-    phase is charged with its own GPU work, not the previous phase's, nor leaves its own to the next (the phases
-    end in .item() calls that wait for most of it anyway, so a run loses next to nothing). On a CPU, or with no
-    device, nothing is waited for and nothing changes."""
-    cuda = device is not None and device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    yield
-    if cuda:
-        torch.cuda.synchronize(device)
-    stats[f"time/{phase}"] = stats.get(f"time/{phase}", 0.0) + time.perf_counter() - t
 
 
 # ==================================================================================================================
@@ -280,9 +251,8 @@ def sample_and_reward(engine, rows: list[dict], cfg: Config, verifier: Verifier,
         rounds r = 1, 2, ... until the batch is full again or cfg.dynamic_sampling_rounds rounds have run;
         then train on the groups there are (possibly fewer, possibly none: logged).
 
-    Returns (rollout, scores [B], stats): stats has the timings, the verifier's counts, "samples_generated" (what
-    the step cost, the unit budgets are counted in) and, with dynamic sampling, "dynamic/groups_dropped" and
-    "dynamic/rounds"."""
+    Returns (rollout, scores [B], stats): the timings, the verifier's counts, "samples_generated" (what the step
+    cost) and, with dynamic sampling, "dynamic/groups_dropped" and "dynamic/rounds"."""
     rollout, scores, stats = sample_round(engine, rows, cfg, verifier)
     stats["samples_generated"] = rollout.B
     if not cfg.dynamic_sampling:
@@ -346,10 +316,9 @@ def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:
 # ==================================================================================================================
 
 def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, reference=None) -> dict:
-    """Phase 3: {"old_logprobs" [B, T], "values" [B, T] (with a critic), "entropy" [B, T] (when known),
-    "ref_logprobs" [B, T] (the frozen reference's, with one)}, no grad.
-    PPO's old log-probs come from the sampler where they are the policy's own (old_logprobs_from_sampler), so that
-    only the critic is scored; otherwise from a pass of the policy, with the gap to the sampler's logged."""
+    """Phase 3, no grad: {"old_logprobs", "values" (with a critic), "entropy" (when known), "ref_logprobs" (with
+    --kl-coef)}, each [B, T]. PPO's old log-probs come from the sampler where they are the policy's own
+    (old_logprobs_from_sampler); otherwise from a pass of the policy, with the gap to the sampler's logged."""
     from_sampler = old_logprobs_from_sampler(cfg, engine)
     with autocast(cfg, rollout.response_mask.device):
         scored = score_rollout(None if from_sampler else policy, critic, rollout, cfg.micro_batch_size,
@@ -359,9 +328,8 @@ def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, re
         if rollout.entropy is not None:
             scored["entropy"] = rollout.entropy  # [B, T]
     else:
-        # the sampler's log-probs against the trainer's recomputation on the same weights (another engine, other
-        # kernels): equal up to rounding when top_p = 1 (with top_p < 1 the sampler's are of the truncated
-        # distribution)
+        # the sampler's log-probs against the recomputation (another engine, other kernels): equal up to rounding
+        # at top_p = 1 (with top_p < 1 the sampler's are of the truncated distribution)
         mask = rollout.response_mask
         gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
         stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
@@ -374,14 +342,9 @@ def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, re
 
 
 def with_critic_offset(scored: dict, fixed: CriticOffset | None, rollout: Rollout, problems: list[dict]) -> dict:
-    """--critic-offset, the mechanism lab's constructed critic (docs/lab.md; not a technique of the paper):
-
-        V(s_t) = V*_0(s_t) + b(t) + h(s_t)        fixed(rollout, problems) = V*_0 + b   [B, T], no parameter
-
-    scored["values"] is h, the network's output; it becomes V, the values GAE and the logs see, and
-    scored["critic_offset"] keeps V*_0 + b for the critic's micro-step (update), which adds it to h
-    again: the value loss 0.5 (V - R)^2 = 0.5 (h - (R - V*_0 - b))^2 regresses h on R - V*_0 - b, and only h has
-    gradients. problems [B]: row b's prompt. fixed None: scored unchanged."""
+    """--critic-offset (docs/lab.md): V(s_t) = V*_0(s_t) + b(t) + h(s_t), fixed(rollout, problems) = V*_0 + b [B, T].
+    scored["values"] (h, the network's) becomes V, what GAE and the logs see; scored["critic_offset"] keeps V*_0 + b
+    for the update, which adds it to h again, so the value loss regresses h on R - V*_0 - b. None: unchanged."""
     if fixed is None:
         return scored
     offset = fixed(rollout, problems)  # [B, T]
@@ -389,12 +352,9 @@ def with_critic_offset(scored: dict, fixed: CriticOffset | None, rollout: Rollou
 
 
 def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
-    """Phase 3's choice (--old-logprobs): take PPO's old log-probs log pi_old(r_t | ...) from the sampler instead of
-    a scoring pass of the policy. They are the same numbers when the sampler drew from the policy's own weights at
-    top_p = 1 in float32 (our KV-cached loop against one full forward pass: equal to rounding, about 3e-7 on the
-    demo); "auto" takes them only then: the HF engine of a single process (it samples from the policy itself, not
-    a copy), top_p 1, no bf16 autocast. vLLM, a sharded run's engine copy, top_p < 1 or bf16: recomputed, and the
-    gap to the sampler's is logged."""
+    """Phase 3's choice (--old-logprobs): PPO's old log-probs from the sampler instead of a scoring pass. They are
+    the same numbers (to rounding, about 3e-7 on the demo) when the sampler drew from the policy's own weights at
+    top_p 1 in float32, so "auto" takes them only then: the HF engine of one process, top_p 1, no bf16."""
     if cfg.old_logprobs != "auto":
         return cfg.old_logprobs == "sampler"
     return not getattr(engine, "own_weights", True) and cfg.top_p == 1 and not cfg.bf16
@@ -402,11 +362,10 @@ def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
 
 def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor | None, cfg: Config,
                            stats: dict | None = None):
-    """Phase 4: Decoupled (technique 2), length-adaptive (technique 3) GAE; or, with cfg.group_advantage,
-    GRPO's group advantage (no critic, no returns). rewards: [B], one per response, placed on its last token.
-    Returns (advantages [B, T], returns [B, T] or None, lam_policy [B] or None). stats, when given, gets the raw
-    (unwhitened) mean advantage over each response's first tenth and over the rest ("advantage_first_tenth",
-    "advantage_rest"): a critic biased at the start of responses shows as a gap between the two."""
+    """Phase 4: Decoupled (technique 2), length-adaptive (technique 3) GAE; or, with cfg.group_advantage, GRPO's
+    group advantage (no critic, no returns). rewards [B], each placed on its response's last token. Returns
+    (advantages [B, T], returns [B, T] or None, lam_policy [B] or None). stats gets the raw mean advantage over each
+    response's first tenth and over the rest: a critic biased at the start of responses shows as a gap."""
     mask = rollout.response_mask
     if cfg.group_advantage:
         advantages, returns, lam_policy = group_advantage(rewards, mask, cfg.group_size), None, None
@@ -485,7 +444,7 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                 stats.merge(mb_stats)
             else:  # nothing of it is applied or averaged into the step's figures
                 causes.append(cause)
-    return stats.result() | {"skipped_nonfinite": len(causes)} | (
+    return stats.result(parallel) | {"skipped_nonfinite": len(causes)} | (
         {"nonfinite_cause": "; ".join(dict.fromkeys(causes))} if causes else {})
 
 
@@ -503,13 +462,9 @@ def update_loops(policy, critic, cfg: Config, train_policy: bool) -> list[tuple[
 
 
 def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool, size: int, epochs: int):
-    """Every epoch's (of `epochs`) shuffled mini-batches of `size` samples, each (mb, counts): mb the row indices of
-    this process's share,
-    counts (tokens, non-empty samples, tokens of correct samples) of the whole mini-batch, every process's
-    share: the normalisers of the token-level and sample-level losses and of the positive NLL. Sharded (scale/),
-    each process holds size / world size rows of every mini-batch, and the counts are those of the
-    whole mini-batch over all processes. A mini-batch of only empty responses is left out: no token to learn
-    from, nothing to step."""
+    """Each epoch's shuffled mini-batches of `size` samples, as (mb, counts): mb this process's row indices (size /
+    world size of them), counts (tokens, non-empty samples, tokens of correct samples) of the whole mini-batch over
+    every process: the losses' normalisers. A mini-batch of only empty responses is left out."""
     local_mini = size // parallel.world_size  # this process's share of a mini-batch
     for _ in range(epochs):
         # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
@@ -524,11 +479,9 @@ def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool, size: in
 
 
 def micro_batches(rollout, batch: dict, mb: torch.Tensor, cfg: Config):
-    """The micro-batches of mini-batch mb, rows of similar length together (by_length), each (sub, part): sub
-    the rows trimmed to their lengths, part the batch's entries for them ([b, T] ones cut to sub's T columns).
-    One process: a micro-batch of empty responses only is left out, it adds nothing to a loss over tokens.
-    Sharded (scale/): every process runs the same number of forward and backward passes (FSDP's collectives
-    need them all), so an empty micro-batch still runs, kept one column wide (min_T=1)."""
+    """The micro-batches of mini-batch mb, rows of similar length together, as (sub, part): sub the rows trimmed to
+    their lengths, part the batch's entries for them. One that holds only empty responses is left out, except
+    sharded: FSDP's collectives need every process to run as many passes (so it runs, one column wide)."""
     sharded = parallel.world_size > 1
     for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
         sub = rollout.select(micro, min_T=1 if sharded else 0)  # trimmed to its lengths
@@ -542,11 +495,10 @@ def nonfinite(loss: torch.Tensor, name: str) -> list[str]:
     return [] if torch.isfinite(loss) else [name]
 
 
-def record_policy(stats: "Mean", m: torch.Tensor, positive: torch.Tensor, counts: tuple, pg_loss: torch.Tensor,
+def record_policy(stats: Mean, m: torch.Tensor, positive: torch.Tensor, counts: tuple, pg_loss: torch.Tensor,
                   pg_stats: dict, kl_stats: dict | None, nll: torch.Tensor | None):
-    """Logs the policy's figures of one micro-batch, weighted by its tokens (the NLL by its correct samples'
-    tokens). Each loss is rescaled from the whole mini-batch's normaliser to this weight, so that the weighted
-    mean over the mini-batch's micro-batches is the mini-batch's loss (for a token-mean, the micro-batch's own)."""
+    """Logs the policy's figures of one micro-batch, weighted by its tokens (the NLL by its correct samples'),
+    each loss rescaled so that the weighted mean over the mini-batch's micro-batches is the mini-batch's loss."""
     n_tokens, _, n_positive = counts
     weight = float(m.sum())
     if kl_stats is not None:
@@ -557,9 +509,9 @@ def record_policy(stats: "Mean", m: torch.Tensor, positive: torch.Tensor, counts
     stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
 
 
-def record_critic(stats: "Mean", m: torch.Tensor, counts: tuple, cfg: Config, v_loss: torch.Tensor, v_stats: dict):
-    """Logs the critic's figures of one micro-batch: the value loss as this micro-batch's own loss, weighted by
-    what the aggregation counts (tokens or samples); its other figures weighted by tokens."""
+def record_critic(stats: Mean, m: torch.Tensor, counts: tuple, cfg: Config, v_loss: torch.Tensor, v_stats: dict):
+    """Logs the critic's figures of one micro-batch: the value loss as its own, weighted by what the aggregation
+    counts (tokens or samples); the rest by tokens."""
     n_tokens, n_seqs, _ = counts
     weight = float(m.sum())
     norm, part = (n_tokens, weight) if cfg.loss_agg == "token-mean" else (n_seqs, float((m.sum(-1) > 0).sum()))
@@ -567,10 +519,10 @@ def record_critic(stats: "Mean", m: torch.Tensor, counts: tuple, cfg: Config, v_
     stats.add(v_stats, weight)
 
 
-def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: "Mean", bad: list[str]) -> str | None:
+def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: Mean, bad: list[str]) -> str | None:
     """The end of a mini-batch: clip each model's gradient norm, then one optimizer and scheduler step of each, or
-    none at all if any loss or gradient of the mini-batch, in any process, was not finite. Gradients are zeroed
-    either way. Returns None when stepped, else the cause ("policy loss, policy gradient", ...)."""
+    none if any loss or gradient, in any process, was not finite; gradients zeroed either way. None when stepped,
+    else the cause ("policy loss, policy gradient", ...)."""
     for name, model in models.items():
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
@@ -595,26 +547,12 @@ def _columns(x: torch.Tensor, T: int) -> torch.Tensor:
     return x[:, :T] if x.shape[1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-def frozen_copy(model):
-    """A copy of model with no gradients, in eval mode: the reference policy of --kl-coef."""
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
 def make_optimizer(model, lr: float, cfg: Config):
     """AdamW with linear warmup over cfg.warmup_steps optimizer steps, then a constant learning rate."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     warm = max(cfg.warmup_steps, 1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda n: min(1.0, (n + 1) / warm))
     return opt, sched
-
-
-def autocast(cfg: Config, device: torch.device):
-    """bfloat16 autocast around forward passes (sampling, scoring, the update's forwards) when --bf16; weights,
-    gradients and optimizer states stay float32, so an lr of 1e-6 still moves them."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
 
 
 # ==================================================================================================================
@@ -626,17 +564,13 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     """Technique 1, Value-Pretraining (section 3.1): critic-only steps on rollouts of the frozen initial policy,
     targets = Monte-Carlo returns (GAE with lambda = 1: every token's target is the final reward).
 
-    The explained variance of each step is measured on that step's fresh rollouts *before* the critic trains on
-    them, so it is a held-out figure. Stops after value_pretrain_steps, or earlier once the mean of the last 3
-    reaches value_pretrain_ev (the gate). The last step's record says whether the gate was reached
-    ("value_pretrain_reached", with "value_pretrain_ev_last3"); a cap reached first is also a warning: the critic
-    then starts RL below the explained variance it was asked for.
-
-    progress = {"step": steps done, "recent": last explained variances} is updated in place (a resumed run passes
-    the checkpoint's); should_stop() is asked after each step; judge (critic_judge's, or None) counts the frozen
-    policy's rollouts, so that the task's exact values are known from the first RL step. fixed: --critic-offset's
-    V*_0 + b (with_critic_offset: the values are V*_0 + b + h and the steps train h; None: off). Returns True when
-    pretraining is finished, False when it stopped early on request (the caller checkpoints progress)."""
+    Each step's explained variance is measured on its fresh rollouts *before* the critic trains on them: a held-out
+    figure. Stops after value_pretrain_steps, or once the mean of the last 3 reaches value_pretrain_ev (the gate;
+    the last record says whether it was reached, and a cap reached first is a warning). progress = {"step",
+    "recent": the last explained variances} is updated in place (a resumed run passes the checkpoint's);
+    should_stop() is asked after each step; judge (critic_judge's) learns the task's exact values from these
+    rollouts; fixed: --critic-offset's V*_0 + b (with_critic_offset). True when finished, False when stopped on
+    request (the caller checkpoints progress)."""
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
@@ -670,30 +604,35 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss", "grad_clipped/critic")
                                                    if k in stats},
               "explained_variance": ev, "value_error": error, "skipped_nonfinite": stats["skipped_nonfinite"],
-              "train_acc": batch_mean(scores > 0), "response_len": batch_mean(rollout.lengths),
+              "train_acc": parallel.mean(scores > 0), "response_len": parallel.mean(rollout.lengths),
               "time/step": time.perf_counter() - t0, **gate})
         if reached:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
             return True
         if step + 1 < cfg.value_pretrain_steps and should_stop():
             return False
-    if cfg.value_pretrain_ev is not None and progress["recent"]:
-        log.warning("value pretraining stopped at its cap of %d steps with explained variance %.3f (mean of the last "
-                    "%d), below its gate of %.2f: the critic starts RL without reaching it", cfg.value_pretrain_steps,
-                    sum(progress["recent"]) / len(progress["recent"]), len(progress["recent"]), cfg.value_pretrain_ev)
-        if any(math.isnan(ev) for ev in progress["recent"]) and "error" in progress:
-            log.warning("explained variance is undefined where every return of a batch is equal (all wrong, say), so "
-                        "the gate could not judge; the critic's mean error V - R on the last fresh rollouts was %+.3f "
-                        "(its bias: |error| near 0 means it has at least learned the mean return)", progress["error"])
+    warn_below_gate(cfg, progress)
     return True
 
 
+def warn_below_gate(cfg: Config, progress: dict):
+    """Value pretraining's cap reached before its gate: a warning, and the critic's bias when EV is undefined."""
+    if cfg.value_pretrain_ev is None or not progress["recent"]:
+        return
+    log.warning("value pretraining stopped at its cap of %d steps with explained variance %.3f (mean of the last %d), "
+                "below its gate of %.2f: the critic starts RL without reaching it", cfg.value_pretrain_steps,
+                sum(progress["recent"]) / len(progress["recent"]), len(progress["recent"]), cfg.value_pretrain_ev)
+    if any(math.isnan(ev) for ev in progress["recent"]) and "error" in progress:
+        log.warning("explained variance is undefined where every return of a batch is equal (all wrong, say), so the "
+                    "gate could not judge; the critic's mean error V - R on the last fresh rollouts was %+.3f (its "
+                    "bias: |error| near 0 means it has at least learned the mean return)", progress["error"])
+
+
 def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[str, float]:
-    """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol) and
-    greedy, each with its standard error over prompts (standard_error), and pass@k (k > 1: the share of prompts with
-    at least one right sample of the k); avg@k and pass@k on the first eval_sampled_prompts rows only, when set. A fixed sampling seed, so evaluations differ only by the weights, and the training RNG is
-    untouched (config.STREAMS["evaluation"]). Sampled in passes of eval_batch prompts, so that the KV cache never
-    holds more rows than a training rollout's (or --eval-batch-size prompts x k)."""
+    """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol; on the
+    first eval_sampled_prompts rows when set), pass@k (k > 1) and greedy, each with its standard error over prompts.
+    A fixed sampling seed (evaluations differ only by the weights; the training RNG is untouched), in passes of
+    eval_batch prompts so the KV cache never holds more rows than a training rollout's (or --eval-batch-size x k)."""
     # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
     bands = sorted({r["band"] for r in rows if "band" in r}, key=lambda b: int(b.split("-")[0]))
     sampled = rows[:cfg.eval_sampled_prompts]  # avg@k on the first eval_sampled_prompts (all by default)
@@ -705,76 +644,28 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         prompts = len(mine)
         mine = parallel.shard(mine)  # each process evaluates its share; the figures are over all of them
         if not mine:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
-            out[f"eval/acc_{name}"] = batch_mean(torch.zeros(0))
+            out[f"eval/acc_{name}"] = parallel.mean(torch.zeros(0))
             out[f"eval/acc_{name}_se"] = standard_error(torch.zeros(0), prompts)
             if n > 1:
-                out[f"eval/pass@{n}"] = batch_mean(torch.zeros(0))
-            out[f"eval/response_len_{name}"] = batch_mean(torch.zeros(0))
-            out |= {f"eval/acc_{name}_steps_{band}": batch_mean(torch.zeros(0)) for band in bands}
+                out[f"eval/pass@{n}"] = parallel.mean(torch.zeros(0))
+            out[f"eval/response_len_{name}"] = parallel.mean(torch.zeros(0))
+            out |= {f"eval/acc_{name}_steps_{band}": parallel.mean(torch.zeros(0)) for band in bands}
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
                                       seed=config.stream(cfg.seed, "evaluation"), batch_size=eval_batch)
         scores = verify(rollout, mine, cfg, verifier)
-        out[f"eval/acc_{name}"] = batch_mean(scores > 0)
+        out[f"eval/acc_{name}"] = parallel.mean(scores > 0)
         per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right
             0, rollout.prompt_index.long().cpu(), (scores > 0).double().cpu()) / n
-        out[f"eval/acc_{name}_se"] = standard_error(per_prompt, prompts)
+        out[f"eval/acc_{name}_se"] = parallel.standard_error(per_prompt, prompts)
         if n > 1:  # pass@k: the share of prompts with any right sample (sharpening raises avg@k, not pass@k)
-            out[f"eval/pass@{n}"] = batch_mean((per_prompt > 0).double())
-        out[f"eval/response_len_{name}"] = batch_mean(rollout.lengths)
+            out[f"eval/pass@{n}"] = parallel.mean((per_prompt > 0).double())
+        out[f"eval/response_len_{name}"] = parallel.mean(rollout.lengths)
         for band in bands:
             pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
-            out[f"eval/acc_{name}_steps_{band}"] = batch_mean(scores[pick] > 0)
+            out[f"eval/acc_{name}_steps_{band}"] = parallel.mean(scores[pick] > 0)
     return out
-
-
-# ==================================================================================================================
-# Statistics over the whole batch (every process's share of it)
-# ==================================================================================================================
-
-class Mean:
-    """Weighted running means of named floats (stats of micro-batches weighted by their token counts)."""
-
-    def __init__(self):
-        self.sums, self.weights = {}, {}
-
-    def add(self, stats: dict[str, float], weight: float = 1.0):
-        for k, v in stats.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v) * weight
-            self.weights[k] = self.weights.get(k, 0.0) + weight
-
-    def merge(self, other: "Mean"):
-        for k in other.sums:
-            self.sums[k] = self.sums.get(k, 0.0) + other.sums[k]
-            self.weights[k] = self.weights.get(k, 0.0) + other.weights[k]
-
-    def result(self) -> dict[str, float]:
-        """Each name's weighted mean over every process's sums; 0.0 for a name whose weights were all 0 (e.g. the
-        NLL with no correct sample)."""
-        keys = parallel.all_keys(self.sums)
-        both = parallel.all_sum(torch.tensor([[self.sums.get(k, 0.0), self.weights.get(k, 0.0)] for k in keys],
-                                             dtype=torch.float64).reshape(-1, 2)).tolist()
-        return {k: s / w if w > 0 else 0.0 for k, (s, w) in zip(keys, both)}
-
-
-def batch_mean(x: torch.Tensor) -> float:
-    """The mean of every entry of x over the whole batch (all processes' x)."""
-    total = parallel.all_sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()), dtype=torch.float64,
-                                                                           device=x.device)]))
-    return (total[0] / total[1].clamp(min=1)).item()
-
-
-def standard_error(per_prompt: torch.Tensor, prompts: int) -> float:
-    """Standard error of an accuracy over prompts, sqrt(s^2 / P) with s^2 the sample variance of each prompt's
-    mean score (its samples are not independent draws, so the prompt is the unit), over all processes' prompts."""
-    mean, square = batch_mean(per_prompt), batch_mean(per_prompt ** 2)
-    return ((square - mean ** 2) * prompts / max(prompts - 1, 1) / max(prompts, 1)) ** 0.5
-
-
-def batch_sum(x: torch.Tensor) -> float:
-    """The sum of every entry of x over the whole batch (all processes' x)."""
-    return parallel.all_sum(x.double().sum()).item()
 
 
 def group_all_same(scores: torch.Tensor, G: int) -> float:
@@ -782,19 +673,14 @@ def group_all_same(scores: torch.Tensor, G: int) -> float:
     if G < 2:
         return float("nan")
     groups = scores.view(-1, G)  # [prompts, G]
-    return batch_mean((groups == groups[:, :1]).all(1))
+    return parallel.mean((groups == groups[:, :1]).all(1))
 
 
-# Logged figures that are NaN by definition when undefined (not a fault): explained variance (overall, on the
-# first tenth of responses, on the rest) when every return there is the same (Var[R] = 0), groups_all_same without
-# groups (G = 1). Every other logged number is finite.
+# Logged figures that are NaN when undefined (not a fault): explained variance where every return is the same
+# (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
 UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
                     "ev_critic_exact")
 
-
-# ==================================================================================================================
-# The command line (config.py)
-# ==================================================================================================================
 
 def config_from_args(argv=None) -> tuple[Config, str | None, bool]:
     """Parse the command line -> (validated Config, run folder to resume or None, --overwrite)."""

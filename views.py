@@ -23,7 +23,6 @@ from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, ter
 from plots import pick_probes, plot_tokens, read_tokens
 from reward import truncation_rule
 from rollout import rollout_from_tokens, score_rollout
-from task import first_error
 
 log = logging.getLogger("vapo")
 
@@ -53,8 +52,11 @@ class TokenViews:
         self.path, self.probes_path = os.path.join(run.dir, "tokens.jsonl"), os.path.join(run.dir, "probes.json")
         self.enabled = run.cfg.token_views and run.parallel.world_size == 1
         self.probes, self.old_logprobs, self.rows = None, None, None
-        self.exact = None  # the built-in task's exact values of the current policy (task.ExactValues), once measured
-        self.critic_offset = None  # --critic-offset's V*_0 + b (task.CriticOffset): V = V*_0 + b + the critic's h
+        self.exact = None  # the built-in task's exact values of the current policy (exact_values.ExactValues)
+        self.critic_offset = None  # --critic-offset's V*_0 + b (exact_values.CriticOffset): V = V*_0 + b + h
+        # (response text, problem) -> the character where it first goes wrong, from a task that knows every correct
+        # step (the built-in task's task.first_error, given by run.Run); None: no first wrong token is marked
+        self.first_error = None
 
     def _probes(self, engine, held_out, verifier):
         """The probe Rollout and its rewards: read from probes.json, or sampled now and written there."""
@@ -154,9 +156,9 @@ class TokenViews:
         """The token at which probe b first goes wrong, where the task knows every correct step (the built-in
         task: task.first_error), else None."""
         row = self.rows[b // PROBE_SAMPLES] if self.rows else None
-        if row is None or "expr" not in row:
+        if row is None or self.first_error is None or "expr" not in row:
             return None
-        char = first_error(self.run.tokenizer.decode(ids, skip_special_tokens=True), row)
+        char = self.first_error(self.run.tokenizer.decode(ids, skip_special_tokens=True), row)
         if char is None:
             return None
         ends = 0

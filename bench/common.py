@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # the project's modules live at the repository's top level
     sys.path.insert(0, ROOT)
 import builds  # noqa: E402
+import exact_values  # noqa: E402
 import task  # noqa: E402
 from engines import HFEngine  # noqa: E402
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards  # noqa: E402
@@ -442,13 +443,13 @@ def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 
     return model, rollout, rewards, decisive
 
 
-def fitted_exact(policy: str, prompts: int, samples: int, seed: int) -> task.ExactValues:
-    """task.ExactValues of `policy` (its V* and step-count floor), its rates counted on sample_set(policy, prompts,
-    samples, seed + 1): another sample set of the same policy than seed's, so that no response of seed's set is
+def fitted_exact(policy: str, prompts: int, samples: int, seed: int) -> exact_values.ExactValues:
+    """exact_values.ExactValues of `policy` (its V* and step-count floor), its rates counted on
+    sample_set(policy, prompts, samples, seed + 1): another sample set of the same policy than seed's, so that no response of seed's set is
     judged by rates it helped measure."""
     problems = held_out(prompts)
     _, other, other_rewards, _ = sample_set(policy, prompts, samples, seed + 1)
-    exact = task.ExactValues()
+    exact = exact_values.ExactValues()
     exact.observe(other.texts, [problems[int(i)] for i in other.prompt_index], other_rewards)
     return exact
 

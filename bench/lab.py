@@ -13,7 +13,7 @@ Each analysis writes NAME.json (every seed's figures, and their mean and standar
 separated (docs/lab.md, "Verdicts"). Smaller sizes than the written setup (--prompts, --batches ...) say so: a smoke
 run, not a result.
 
-The critics here are constructed references, labelled so: V* (task.ExactValues, the exact values of the sampling
+The critics here are constructed references, labelled so: V* (exact_values.ExactValues, the exact values of the sampling
 policy, fitted on another sample set of it) plus a bias b(t) = offset + slope * t / 100 of a known shape, or plus
 noise; where a critic must learn, V = V* + b + h with h a value network whose head starts at zero, trained by the
 trainer's own critic step (vapo.update) on the targets minus V* + b.
@@ -34,6 +34,7 @@ import torch
 
 import common  # (puts the repository on the path)
 import config
+import exact_values
 import task
 import vapo
 from common import fitted_exact, folder_of, held_out, sample_set, token_ends
@@ -44,7 +45,7 @@ from losses import head_mask
 from models import load_tokenizer, load_value_model, zero_head
 from plots import read_jsonl
 from rollout import response_logprobs, score_rollout
-from task import bias_values
+from exact_values import bias_values
 
 ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
 LENGTH_BANDS = ((1, 50), (50, 100), (100, 200), (200, 300), (300, 10_000))  # response length in tokens, [lo, hi)
@@ -327,7 +328,7 @@ def decoupled_gae(args, seed: int) -> dict:
     offset, slope = parse_bias(args.bias)
     parts = training_batches(args.policy, args.batches, seed, args.batch_prompts, args.group)
     tokenizer = load_tokenizer(folder_of(args.policy))
-    exact = task.ExactValues()  # V* of the frozen policy, fitted on the training batches
+    exact = exact_values.ExactValues()  # V* of the frozen policy, fitted on the training batches
     for part in parts:
         exact.observe(part["rollout"].texts, part["problems"], part["rewards"])
     for part in parts:

@@ -92,7 +92,7 @@ def base_accuracy(args) -> dict:
             "max_new_tokens": args.max_new_tokens, "load_s": round(load_s, 1),
             "generate_s": round(generate_s, 1), "tokens": int(rollout.lengths.sum()),
             "truncated": int(rollout.truncated.sum()), "accuracy": right.mean().item(),
-            "accuracy_se": vapo.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
+            "accuracy_se": vapo.parallel.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
             "prompts_with_a_right_sample": (per_prompt > 0).double().mean().item(),
             "accuracy_among_stated": right[stated].mean().item() if stated.any() else None,
             "last_number_right": last_right.mean().item(), "mean_response_tokens": rollout.lengths.double().mean().item(),

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import exact_values
 import task
 import vapo
 from test_vapo import read_metrics, tiny_config
@@ -15,9 +16,9 @@ RIGHT = "12 a-5=07\n07 b+3=10\nAnswer: 10"
 HABIT = "12 a-5=17\n17 b+3=20\nAnswer: 20"
 
 
-def observed() -> task.ExactValues:
+def observed() -> exact_values.ExactValues:
     """30 right chains, 10 with the habit (they leave the chain at character 7), 10 right and 10 wrong guesses."""
-    exact = task.ExactValues()
+    exact = exact_values.ExactValues()
     texts = [RIGHT] * 30 + [HABIT] * 10 + ["Answer: 10"] * 10 + ["Answer: 3"] * 10
     rewards = [1.0] * 30 + [-1.0] * 10 + [1.0] * 10 + [-1.0] * 10
     exact.observe(texts, [PROBLEM] * len(texts), torch.tensor(rewards))
@@ -25,7 +26,7 @@ def observed() -> task.ExactValues:
 
 
 def test_the_chain_is_the_solver_and_its_keys_name_each_line():
-    chain, keys = task.ExactValues._chain(PROBLEM)
+    chain, keys = exact_values.ExactValues._chain(PROBLEM)
     assert chain == RIGHT == task.solve(PROBLEM)
     assert keys[:10] == [("borrow", 0, i) for i in range(10)] and keys[10:20] == [("other", 0, i) for i in range(10)]
     assert keys[20:] == [("answer", i) for i in range(len("Answer: 10"))]

@@ -1,13 +1,13 @@
-"""gae.py: hand-worked numbers (for the scan and the reference loop), the scan equal to the loop gae_loop, invariance
-to what sits under the mask."""
+"""gae.py: hand-worked numbers (for the loop gae and the scan gae_scan), the scan equal to the loop, invariance to
+what sits under the mask."""
 import math
 
 import pytest
 import torch
 
-from gae import SCAN_BLOCK, decoupled_gae, gae, gae_loop, group_advantage, length_adaptive_lambda
+from gae import SCAN_BLOCK, decoupled_gae, gae, gae_scan, group_advantage, length_adaptive_lambda
 
-BOTH = pytest.mark.parametrize("gae_fn", [gae, gae_loop], ids=["scan", "loop"])
+BOTH = pytest.mark.parametrize("gae_fn", [gae, gae_scan], ids=["loop", "scan"])
 
 
 def ragged_batch(lengths, T, seed=0):
@@ -83,13 +83,13 @@ def test_lambda_zero_is_one_step_td(gae_fn):
 # ---- GAE: equivalence with the plain loop -----------------------------------------------------------------
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
-def test_equivalent_to_plain_loop_with_per_sample_lambda(gamma):
+def test_the_scan_equals_the_loop_with_per_sample_lambda(gamma):
     lengths = [0, 1, 7, SCAN_BLOCK, SCAN_BLOCK + 1, 150, 3 * SCAN_BLOCK]  # crosses scan blocks
     T = max(lengths)
     rewards, values, mask = ragged_batch(lengths, T, seed=3)
     lam = torch.tensor([0.0, 0.3, 0.8, 0.95, 1.0, 0.99, 0.7])
-    adv, ret = gae(rewards, values, mask, gamma=gamma, lam=lam)
-    adv_ref, ret_ref = gae_loop(rewards, values, mask, gamma, lam)
+    adv, ret = gae_scan(rewards, values, mask, gamma=gamma, lam=lam)
+    adv_ref, ret_ref = gae(rewards, values, mask, gamma, lam)
     torch.testing.assert_close(adv, adv_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ret, ret_ref, atol=1e-5, rtol=1e-5)
 
@@ -108,8 +108,8 @@ def test_per_sample_lambda_equals_scalar_lambda_row_by_row():
 def test_long_sequence_stays_accurate():
     """T = 5000 with lambda close to 1: no overflow or drift from the blocked scan (powers stay <= 1)."""
     rewards, values, mask = ragged_batch([5000, 4321], 5000, seed=5)
-    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.999)
-    adv_ref, ret_ref = gae_loop(rewards, values, mask, 1.0, 0.999)
+    adv, ret = gae_scan(rewards, values, mask, gamma=1.0, lam=0.999)
+    adv_ref, ret_ref = gae(rewards, values, mask, 1.0, 0.999)
     torch.testing.assert_close(adv, adv_ref, atol=1e-4, rtol=1e-4)
     assert torch.isfinite(ret).all()
 
@@ -171,7 +171,7 @@ def test_bfloat16_inputs_accumulate_in_float32():
     v16 = values.to(torch.bfloat16)
     adv, ret = gae(rewards.to(torch.bfloat16), v16, mask.to(torch.bfloat16), lam=0.95)
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
-    adv_ref, ret_ref = gae_loop(rewards, v16.float(), mask, 1.0, 0.95)  # same inputs, rounded to bf16
+    adv_ref, ret_ref = gae(rewards, v16.float(), mask, 1.0, 0.95)  # same inputs, rounded to bf16
     torch.testing.assert_close(adv, adv_ref, atol=1e-5, rtol=1e-5)
 
 

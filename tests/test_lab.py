@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import config
+import exact_values
 import task
 import vapo
 from gae import gae, terminal_rewards
@@ -81,7 +82,7 @@ def exact_and_problem():
     problem = next(p for p in task.make_dataset(200, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
                    if p["n_steps"] == 30)
     chain = task.solve(problem)
-    exact = task.ExactValues()
+    exact = exact_values.ExactValues()
     exact.observe([chain] * 2 + [chain + "0"] * 38, [problem] * 40, torch.tensor([1.0] * 2 + [-1.0] * 38))
     return exact, problem, chain
 

@@ -588,7 +588,7 @@ def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(
     p = out["eval/acc_greedy"]
     assert out["eval/acc_greedy_se"] == pytest.approx((p * (1 - p) / 5) ** 0.5)  # 0/1 per prompt, s^2 over 5
     assert 0 <= out["eval/acc_avg@2_se"] <= 0.5
-    assert vapo.standard_error(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=torch.float64), 4) == \
+    assert vapo.parallel.standard_error(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=torch.float64), 4) == \
         pytest.approx(statistics.stdev([0.0, 0.5, 1.0, 0.5]) / 2)
     with pytest.raises(ValueError, match="--eval-sampled-prompts"):
         Config(eval_sampled_prompts=0).validate()
