@@ -2,9 +2,9 @@
 
 - soft_bounded(fn, seconds): fn() or None past `seconds`, by SIGALRM in the process that runs it. math_equal and
   reasoning_gym_reward compare under it, so they are bounded in any process, the trainer's own included
-  (score_batch with num_workers=0), and a worker that gives up at it carries on, where one killed at the hard
+  (reward_batch with num_workers=0), and a worker that gives up at it carries on, where one killed at the hard
   bound costs a new worker's start (about a second).
-- score_in_pool(...): score_batch's worker processes, a pebble.ProcessPool per process, each item under a hard
+- score_in_pool(...): reward_batch's worker processes, a pebble.ProcessPool per process, each item under a hard
   wall-clock bound: a worker past it is killed and replaced (time in C code cannot be interrupted otherwise).
 
 A module of its own so that reward.py reads as the rules; reward.py imports it, never the other way round.
@@ -29,10 +29,10 @@ SOFT_BOUND_REPEAT_S = 0.1
 """After the soft bound expires, its alarm repeats at this interval until the comparison has stopped: one
 interrupt can be lost (raised inside a garbage-collection callback, Python prints it and carries on)."""
 _EXIT_UNGUARDED_MAIN = 86
-"""Exit code of a worker that found the main script calling score_batch while the worker imported it."""
+"""Exit code of a worker that found the main script calling reward_batch while the worker imported it."""
 _UNGUARDED_MAIN_MESSAGE = (
-    "score_batch: the scoring workers could not start (a traceback they printed says why). The usual cause: the "
-    "main script calls score_batch as soon as it is imported. The workers are started with the 'spawn' method, "
+    "reward_batch: the scoring workers could not start (a traceback they printed says why). The usual cause: the "
+    "main script calls reward_batch as soon as it is imported. The workers are started with the 'spawn' method, "
     "which imports the main script again in each worker (as \"__mp_main__\"), so each worker would try to start "
     "workers of its own. Fix: put the script's entry code under `if __name__ == \"__main__\":`, or pass "
     "num_workers=0 to score in this process (no time bound, only for cheap verifiers such as arith_reward).")
@@ -48,7 +48,7 @@ class SoftBoundExpired(BaseException):
 
 
 expiries = 0
-"""How many soft_bounded calls in this process were cut short: score_batch counts its items' from this."""
+"""How many soft_bounded calls in this process were cut short: reward_batch counts its items' from this."""
 
 
 # math-verify warns once per process that its timeouts are off and that the caller must bound the time itself:
@@ -91,7 +91,7 @@ def soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
         previous = signal.signal(signal.SIGALRM, alarm)
     except ValueError:
         raise ValueError("math_equal's timeout uses SIGALRM, which only the main thread can handle: call it from "
-                         "the main thread (as score_batch's workers do), or pass timeout_s=None and bound the "
+                         "the main thread (as reward_batch's workers do), or pass timeout_s=None and bound the "
                          "time yourself") from None
     sys.unraisablehook = lost
     expired = False
@@ -117,7 +117,7 @@ def soft_bounded(fn: Callable[[], bool], seconds: float) -> bool | None:
 @contextlib.contextmanager
 def quiet_math_verify():
     """Inside: math-verify's log records go nowhere (unconfigured logging prints WARNINGs to stderr, some quoting
-    the answer however long); score_batch counts what they report. The logger's settings are restored on exit."""
+    the answer however long); reward_batch counts what they report. The logger's settings are restored on exit."""
     log = logging.getLogger("math_verify")
     level, propagate = log.level, log.propagate
     log.setLevel(logging.ERROR)
@@ -152,7 +152,7 @@ def _score_item(verifier: bytes, response: str, gold: str) -> tuple[float, bool]
 
 
 class Tally:
-    """What went wrong in one score_batch call: items killed at the hard bound (timeouts), cut short by the soft
+    """What went wrong in one reward_batch call: items killed at the hard bound (timeouts), cut short by the soft
     bound (cut_short), failed (errors, with a few distinct messages, enough to tell causes apart)."""
 
     def __init__(self):
@@ -170,7 +170,7 @@ _pools: dict[tuple[int, int], pebble.ProcessPool] = {}
 
 
 def _pool(num_workers: int, verifier: bytes) -> pebble.ProcessPool:
-    """This process's pool of num_workers workers, started by the first score_batch that needs it (or again if
+    """This process's pool of num_workers workers, started by the first reward_batch that needs it (or again if
     it broke) and kept for later calls, so start-up is paid once. Its workers import `verifier`'s module."""
     key = (num_workers, os.getpid())
     if key not in _pools or not _pools[key].active:
@@ -194,7 +194,7 @@ def score_in_pool(verifier: Callable, jobs: dict[int, tuple[str, str]], num_work
     worker and starts another); failed items keep what scores holds and are counted in tally."""
     process = multiprocessing.current_process()
     if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
-        # This process is a spawned child importing its parent's main script, which called score_batch at
+        # This process is a spawned child importing its parent's main script, which called reward_batch at
         # import time. Starting a pool here would fail with a long multiprocessing traceback. Our own
         # worker exits quietly and the parent raises one clear error; any other process raises it.
         if process.name == pebble.pool.process.WORKERS_NAME:
@@ -203,7 +203,7 @@ def score_in_pool(verifier: Callable, jobs: dict[int, tuple[str, str]], num_work
     try:
         payload = pickle.dumps(verifier)
     except Exception as exc:  # PicklingError, AttributeError or TypeError depending on the object
-        raise TypeError(f"score_batch: the verifier must be picklable (a module-level function or a "
+        raise TypeError(f"reward_batch: the verifier must be picklable (a module-level function or a "
                         f"functools.partial of one) to run in worker processes: {exc}") from None
     pool = _pool(num_workers, payload)
     futures = {i: pool.schedule(_score_item, (payload, *job), timeout=timeout_s) for i, job in jobs.items()}

@@ -427,7 +427,7 @@ def check_gold_answers(rows: list[dict], verifier: Verifier, max_bad_share: floa
     if not rows or verifier.fn not in (arith_reward, math_reward, reasoning_gym_reward):  # others judge otherwise
         return
     if verifier.fn is reasoning_gym_reward:  # its gold is the generator's entry: the answer line must earn +1
-        scores = verifier.score([f"Answer: {r['answer']}" for r in rows], [gold_of(r) for r in rows], stats={})
+        scores = verifier.rewards([f"Answer: {r['answer']}" for r in rows], [gold_of(r) for r in rows], stats={})
         bad = [i for i, score in enumerate(scores) if score != CORRECT_REWARD]
     else:
         bad = verifier.unreadable_golds([r["answer"] for r in rows])

@@ -3,7 +3,7 @@
 The engine is an interface in all but name: anything with `generate(prompts, n, temperature, top_p, max_new_tokens,
 seed) -> Rollout` can replace HFEngine (VLLMEngine below does), and rollout.py's scoring functions take any Rollout.
 
-    HFEngine             sampler.sample over a Hugging Face model: the training policy itself in one process
+    HFEngine             rollout.sample over a Hugging Face model: the training policy itself in one process
                          (nothing to sync), a whole copy of it in a sharded run (synced after every update)
     VLLMEngine           a vLLM engine holding its own weights, synced after every update, asleep while the
                          trainer updates
@@ -24,8 +24,7 @@ import torch
 
 from config import stream
 from models import load_policy
-from rollout import Rollout, rollout_from_tokens
-from sampler import sample
+from rollout import Rollout, rollout_from_tokens, sample
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ class VLLMEngine:
 
     Prompts are tokenised here, by the policy's tokenizer, and given to vLLM as token ids, so both engines see the
     same tokens. The sampler's log-probs are vLLM's "processed" ones (after temperature and top-p), the same
-    distribution as HFEngine's (see sampler.sample_next). PPO's old log-probs are still recomputed by the trainer for a
+    distribution as HFEngine's (see rollout.sample_next). PPO's old log-probs are still recomputed by the trainer for a
     vLLM engine (vapo.old_logprobs_from_sampler: another engine's kernels), and their gap to these is logged.
 
     One engine per process, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: its weights can then be written from this

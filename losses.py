@@ -58,7 +58,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
     return torch.where(mask.bool(), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def head_mask(mask: torch.Tensor, share: float = 0.1) -> torch.Tensor:
+def first_tenth_mask(mask: torch.Tensor, share: float = 0.1) -> torch.Tensor:
     """[B, T] -> [B, T]: the real tokens in each response's first `share` of its length (position t / length <
     share; at least the first token of a non-empty response). mask minus it is the rest of each response. Where a
     critic initialised from a reward model is biased, the bias sits here (VAPO section 3.1)."""

@@ -152,7 +152,7 @@ def load_policy(name_or_folder: str, dtype: torch.dtype | str | None = None, dev
 def model_folder(name_or_folder: str) -> str:
     """The local folder of a model: a folder as it is, or a hub model's snapshot (downloaded once into the hub's
     cache; with HF_HUB_OFFLINE=1 read from it), configs, tokenizer and safetensors weights only. What a sharded
-    run reads its weights from, tensor by tensor (scale/parallel.py)."""
+    run reads its weights from, tensor by tensor (scale/sharded.py)."""
     name = resolve_model_name(name_or_folder)
     if os.path.isdir(name):
         return name

@@ -18,12 +18,12 @@ Public functions:
     arith_reward(response, gold)              +1 / -1 for the built-in arithmetic task (pure string work)
     reasoning_gym_reward(response, gold)      +1 / -1 from a reasoning-gym generator's own score_answer
     overlong_penalty(length, max_length, cache_length)   DAPO's soft overlong punishment
-    score_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
+    reward_batch(responses, golds, verifier)   parallel, time-bounded scoring in persistent worker processes
     check_golds(golds, verifier)              indices of gold answers the verifier cannot read (data errors)
     Verifier(fn, workers)                     a verifier and where it runs: what the trainer passes around
 
 The machinery that bounds these rules in time is bounds.py: the soft SIGALRM bound that math_equal and
-reasoning_gym_reward compare under, and score_batch's process pool (pebble) with its hard bound per item.
+reasoning_gym_reward compare under, and reward_batch's process pool (pebble) with its hard bound per item.
 
 Differences from the papers: neither paper specifies its verifier's code. Ours follows DAPO's prompt format
 ("Answer: ..." on the last line) and the common \\boxed{} convention; see each function for edge cases.
@@ -56,7 +56,7 @@ WRONG_REWARD = -1.0
 """Reward of a wrong, missing, unparsable, timed-out or oversized answer."""
 
 ITEM_TIMEOUT_S = 5.0
-"""score_batch's hard wall-clock bound per item, enforced by killing the worker that exceeds it."""
+"""reward_batch's hard wall-clock bound per item, enforced by killing the worker that exceeds it."""
 MATH_VERIFY_TIMEOUT_S = 2
 """math_equal's soft bound (seconds) per comparison, parsing included. It lets a worker give up on most
 pathological answers without being killed; the hard bound above catches the rest (time in C code)."""
@@ -64,12 +64,12 @@ MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are wrong without parsing: no final answer to a math problem is that
 long, and parsing a 100k-digit number alone takes most of a second."""
 MAX_RESPONSE_CHARS = 1_000_000
-"""score_batch scores longer responses as wrong without calling the verifier or sending them to a worker.
+"""reward_batch scores longer responses as wrong without calling the verifier or sending them to a worker.
 About 50 characters per token at 20k tokens: far beyond any real generation, so only garbage is cut."""
 MAX_INTEGER_DIGITS = 30
 """arith_reward treats answers with more digits as wrong, so nothing large is ever converted."""
 DEFAULT_MAX_WORKERS = 8
-"""Cap on score_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
+"""Cap on reward_batch's default worker count: each worker holds sympy (about 60 MB), and a few hundred
 samples per step need no more."""
 # ---------------------------------------------------------------------------------------------------------
 # Answer extraction
@@ -209,7 +209,7 @@ def math_equal(prediction: str, gold: str, *, timeout_s: float | None = MATH_VER
     Edge cases: identical strings are equal without parsing; blank strings equal nothing; a prediction longer
     than max_chars or with unbalanced braces is not equal to anything; a comparison (parsing included) that
     runs past timeout_s seconds is cut short and not equal. The bound uses SIGALRM, so call this from a
-    process's main thread (as score_batch's workers do), or pass timeout_s=None and bound the time yourself.
+    process's main thread (as reward_batch's workers do), or pass timeout_s=None and bound the time yourself.
     """
     prediction, gold = prediction.strip(), gold.strip()
     if not prediction or not gold:
@@ -267,7 +267,7 @@ def arith_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
     whitespace ignored; leading zeros allowed) whose value equals int(gold). Because extract_answer drops one
     sentence-final period on the "Answer:" line, "Answer: 12." counts as 12; anything else ("12.0", "$12$",
     "twelve", "1e1", "12 apples") is wrong. Answers of more than MAX_INTEGER_DIGITS digits are wrong without
-    conversion. Pure string work, microseconds per call: safe for score_batch(..., num_workers=0).
+    conversion. Pure string work, microseconds per call: safe for reward_batch(..., num_workers=0).
     Raises ValueError if gold is not such an integer (a malformed data row).
     """
     target = _small_integer(gold)
@@ -301,7 +301,7 @@ def reasoning_gym_reward(response: str, gold: str, *, correct: float = CORRECT_R
     given the whole text it grants partial credit to any text that contains the answer (chain_sum scores
     "Answer: -4" 0.2 against -4). A partial score (0 < s < 1) is wrong here: VAPO's reward is +1 / -1 (our choice).
     Bounded like math_reward: no stated answer, or one longer than MAX_ANSWER_CHARS, is wrong unread; score_answer
-    runs under math_equal's soft bound (MATH_VERIFY_TIMEOUT_S; cut short: wrong), and score_batch's workers under
+    runs under math_equal's soft bound (MATH_VERIFY_TIMEOUT_S; cut short: wrong), and reward_batch's workers under
     their hard bound. ValueError for a gold that is not such JSON (a data error); ImportError without reasoning-gym.
     """
     try:
@@ -382,18 +382,18 @@ def _default_num_workers() -> int:
 
 def _validate_batch(responses: Sequence[str], golds: Sequence[str], num_workers, timeout_s) -> None:
     if len(responses) != len(golds):
-        raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} golds")
+        raise ValueError(f"reward_batch: {len(responses)} responses but {len(golds)} golds")
     for name, items in (("responses", responses), ("golds", golds)):
         for i, item in enumerate(items):
             if not isinstance(item, str):
-                raise TypeError(f"score_batch: {name}[{i}] must be str, got {type(item).__name__}")
+                raise TypeError(f"reward_batch: {name}[{i}] must be str, got {type(item).__name__}")
     if num_workers is not None and num_workers < 0:
-        raise ValueError(f"score_batch: num_workers must be >= 0 or None, got {num_workers}")
+        raise ValueError(f"reward_batch: num_workers must be >= 0 or None, got {num_workers}")
     if not timeout_s > 0:
-        raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
+        raise ValueError(f"reward_batch: timeout_s must be > 0, got {timeout_s}")
 
 
-def score_batch(responses: Sequence[str], golds: Sequence[str],
+def reward_batch(responses: Sequence[str], golds: Sequence[str],
                 verifier: Callable[[str, str], float] = math_reward, *, num_workers: int | None = None,
                 timeout_s: float = ITEM_TIMEOUT_S, max_response_chars: int = MAX_RESPONSE_CHARS,
                 wrong: float = WRONG_REWARD, stats: dict | None = None) -> list[float]:
@@ -449,7 +449,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
         stats.update({"reward/timeouts": timeouts, "reward/errors": tally.errors, "reward/oversized": oversized})
     if timeouts or tally.errors or oversized:
         logger.log(logging.WARNING if stats is None else logging.DEBUG,
-                   "score_batch: %d of %d items without a verdict: %d timed out (%d killed after %g s and scored "
+                   "reward_batch: %d of %d items without a verdict: %d timed out (%d killed after %g s and scored "
                    "%s, %d cut short by the %g s soft bound), %d failed%s and scored %s, %d longer "
                    "than %d chars and scored %s", timeouts + tally.errors + oversized, len(responses), timeouts,
                    tally.timeouts, timeout_s, wrong, tally.cut_short, MATH_VERIFY_TIMEOUT_S, tally.errors,
@@ -459,7 +459,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str],
 
 
 def _score_or_nan(verifier: Callable[[str, str], float], response: str, gold: str) -> float:
-    """verifier(response, gold), or NaN if it raises: check_golds's in-process scoring, where score_batch lets
+    """verifier(response, gold), or NaN if it raises: check_golds's in-process scoring, where reward_batch lets
     exceptions propagate."""
     try:
         return float(verifier(response, gold))
@@ -476,7 +476,7 @@ def check_golds(golds: Sequence[str], verifier: Callable[[str, str], float], num
     so the prompt teaches nothing and looks like one the policy has not learnt yet. That is a data error, to be
     reported before training, not a -1 for every sample.
 
-    Each distinct gold is scored through score_batch (worker processes, each item bounded in time; num_workers
+    Each distinct gold is scored through reward_batch (worker processes, each item bounded in time; num_workers
     as there) against the two responses that state it in the forms extract_answer reads, which are the forms
     math_reward and arith_reward accept:
         "Answer: <gold>"       DAPO's answer line: the gold must fit on one line (no line break) and not end
@@ -500,7 +500,7 @@ def check_golds(golds: Sequence[str], verifier: Callable[[str, str], float], num
     forms = [(f"Answer: {gold}", gold) for gold in distinct] + [(f"\\boxed{{{gold}}}", gold) for gold in distinct]
     if num_workers == 0:
         verifier = functools.partial(_score_or_nan, verifier)
-    scores = score_batch([response for response, _ in forms], [gold for _, gold in forms], verifier,
+    scores = reward_batch([response for response, _ in forms], [gold for _, gold in forms], verifier,
                          num_workers=num_workers, stats={})
     unreadable = {gold for (_, gold), score in zip(forms, scores) if score != correct}
     return [i for i, gold in enumerate(golds) if gold in unreadable]
@@ -511,14 +511,14 @@ class Verifier:
     """A verifier function and where it runs, passed around the trainer as one object.
 
     fn: (response, gold) -> reward, picklable (math_reward, arith_reward, or a functools.partial of one).
-    workers: worker processes for score_batch (None = one per CPU core, at most DEFAULT_MAX_WORKERS; 0 = in this
+    workers: worker processes for reward_batch (None = one per CPU core, at most DEFAULT_MAX_WORKERS; 0 = in this
     process, for cheap and safe verifiers like arith_reward)."""
     fn: Callable[[str, str], float] = math_reward
     workers: int | None = None
 
-    def score(self, responses: Sequence[str], golds: Sequence[str], stats: dict | None = None) -> list[float]:
-        """score_batch with this verifier: one reward per response, in order (stats: its counts)."""
-        return score_batch(responses, golds, verifier=self.fn, num_workers=self.workers, stats=stats)
+    def rewards(self, responses: Sequence[str], golds: Sequence[str], stats: dict | None = None) -> list[float]:
+        """reward_batch with this verifier: one reward per response, in order (stats: its counts)."""
+        return reward_batch(responses, golds, verifier=self.fn, num_workers=self.workers, stats=stats)
 
     def unreadable_golds(self, golds: Sequence[str]) -> list[int]:
         """check_golds with this verifier: indices of the gold answers it cannot read."""

@@ -60,7 +60,7 @@ class SingleProcess:
     Every statistic of the batch in vapo.py (the token counts that normalise the token-level loss, advantage
     whitening, explained variance, every logged mean), every decision that all processes must take together
     (skip a non-finite step, stop on a signal) and every read or write of weights goes through `vapo.parallel`,
-    an instance of this class. `scale/train.py` installs `scale.parallel.Sharded` in its place: the same methods
+    an instance of this class. `scale/train.py` installs `scale.sharded.Sharded` in its place: the same methods
     over every rank of a torch.distributed world, with FSDP2-sharded models. Nothing else changes, so the sharded
     trainer runs vapo.py's functions, not a copy of them.
     """

@@ -52,7 +52,7 @@ from checkpoints import rng_kept
 from data import gold_of, prompt_batch
 from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
-from losses import (explained_variance, head_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
+from losses import (explained_variance, first_tenth_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
 from models import autocast, frozen_copy, zero_head
 from reward import Verifier, overlong_penalty, truncation_rule
@@ -139,7 +139,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
     t_start = time.perf_counter()
     prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
     refill = lambda r: parallel.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
-    rollout, scores, stats = sample_and_reward(engine, prompts, cfg, verifier, refill)  # 1, 2
+    rollout, verdicts, stats = sample_and_reward(engine, prompts, cfg, verifier, refill)  # 1, 2
     stats["samples_generated"] = int(parallel.sum(torch.tensor(stats["samples_generated"])))
     if hasattr(engine, "sleep"):  # a colocated vLLM engine frees the GPU for the update (synced and woken after)
         engine.sleep()
@@ -148,7 +148,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
     drawn = prompts + [p for r in range(1, stats.get("dynamic/rounds", 0) + 1) for p in refill(r)]  # every round's
     problems = [drawn[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt (prompt_index counts all rounds)
-    rewards = scores.float()  # [B], the verifier's
+    rewards = verdicts.float()  # [B], the verifier's
     if cfg.overlong_shaping:
         rewards = rewards + overlong_penalties(rollout.lengths, cfg)
     device = rollout.response_mask.device
@@ -159,7 +159,7 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
         values = scored.get("values")  # [B, T], or None without a critic
         advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
     with timed(stats, "update", device):
-        batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": scores > 0}
+        batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": verdicts > 0}
         if reference is not None:
             batch["ref_logprobs"] = scored["ref_logprobs"]
         if critic is not None:
@@ -168,26 +168,26 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
                 batch["critic_offset"] = scored["critic_offset"]
         train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
     stats["time/step"] = time.perf_counter() - t_start
-    record = step_record(step, rollout, scores, rewards, scored, advantages, returns, lam_policy, cfg,
+    record = step_record(step, rollout, verdicts, rewards, scored, advantages, returns, lam_policy, cfg,
                          train_stats | stats)
     if judge is not None:
         record |= judge(rollout, problems, scored["values"], returns, rewards)
     return record | {"lr/actor": optimizers["policy"][1].get_last_lr()[0]}
 
 
-def step_record(step: int, rollout, scores, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
+def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
                 stats: dict) -> dict:
     """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it)."""
     mask, every = rollout.response_mask, parallel.all_sum
-    record = {"step": step + 1, "reward_mean": parallel.mean(rewards), "train_acc": parallel.mean(scores > 0),
+    record = {"step": step + 1, "reward_mean": parallel.mean(rewards), "train_acc": parallel.mean(verdicts > 0),
               "response_len": parallel.mean(rollout.lengths), "truncated_frac": parallel.mean(rollout.truncated),
               "empty_responses": int(parallel.sum(rollout.lengths == 0)),
-              "groups_all_same": group_all_same(scores, cfg.group_size),
+              "groups_all_same": group_all_same(verdicts, cfg.group_size),
               "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(), **stats}
     if "entropy" in scored:  # not given by a sampler that returns only the chosen tokens' log-probs (vLLM)
         record["entropy"] = masked_mean(scored["entropy"], mask, all_sum=every).item()
     if "values" in scored:  # a critic's fit overall, on each response's first tenth (where a bias sits), on the rest
-        values, head = scored["values"], head_mask(mask)
+        values, head = scored["values"], first_tenth_mask(mask)
         record |= {"explained_variance": explained_variance(values, returns, mask, all_sum=every),
                    "ev_first_tenth": explained_variance(values, returns, head, all_sum=every),
                    "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
@@ -222,11 +222,11 @@ def critic_offset(cfg: Config, critic, engine, rows: list[dict], verifier: Verif
     with autocast(cfg, engine.device):
         rollout = engine.generate([r["prompt"] for r in prompts], n=1, seed=config.stream(cfg.seed, "critic_offset"),
                                   batch_size=cfg.batch_size)
-    scores = verify(rollout, prompts, cfg, verifier)
+    verdicts = verify(rollout, prompts, cfg, verifier)
     exact = ExactValues()
-    exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], scores)
+    exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], verdicts)
     log.info("--critic-offset %s: V*_0 fitted on %d responses of the initial policy (%.1f%% right); the critic is "
-             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * parallel.mean(scores > 0))
+             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * parallel.mean(verdicts > 0))
     return CriticOffset(exact, tokenizer, *cfg.critic_bias)
 
 
@@ -251,48 +251,48 @@ def sample_and_reward(engine, rows: list[dict], cfg: Config, verifier: Verifier,
         rounds r = 1, 2, ... until the batch is full again or cfg.dynamic_sampling_rounds rounds have run;
         then train on the groups there are (possibly fewer, possibly none: logged).
 
-    Returns (rollout, scores [B], stats): the timings, the verifier's counts, "samples_generated" (what the step
+    Returns (rollout, verdicts [B], stats): the timings, the verifier's counts, "samples_generated" (what the step
     cost) and, with dynamic sampling, "dynamic/groups_dropped" and "dynamic/rounds"."""
-    rollout, scores, stats = sample_round(engine, rows, cfg, verifier)
+    rollout, verdicts, stats = sample_round(engine, rows, cfg, verifier)
     stats["samples_generated"] = rollout.B
     if not cfg.dynamic_sampling:
-        return rollout, scores, stats
+        return rollout, verdicts, stats
     G, want = cfg.group_size, rollout.B
     parts, dropped, rounds, offset = [], 0, 0, 0
     while True:
-        varied = ~(scores.view(-1, G) == scores.view(-1, G)[:, :1]).all(1)  # [prompts]
+        varied = ~(verdicts.view(-1, G) == verdicts.view(-1, G)[:, :1]).all(1)  # [prompts]
         dropped += int((~varied).sum())
         keep = varied.repeat_interleave(G)  # [B], whole groups
         kept = rollout.select(keep)
         kept.prompt_index = kept.prompt_index + offset  # prompts of later rounds come after earlier ones
-        parts.append((kept, scores[keep]))
+        parts.append((kept, verdicts[keep]))
         offset += len(varied)
         if sum(p.B for p, _ in parts) >= want or rounds >= cfg.dynamic_sampling_rounds or refill is None:
             break
         rounds += 1
-        rollout, scores, more = sample_round(engine, refill(rounds), cfg, verifier)
+        rollout, verdicts, more = sample_round(engine, refill(rounds), cfg, verifier)
         for k, v in more.items():
             stats[k] = stats.get(k, 0) + v
         stats["samples_generated"] += rollout.B
     rollout = Rollout.cat([p for p, _ in parts])
-    scores = torch.cat([sc for _, sc in parts])
+    verdicts = torch.cat([sc for _, sc in parts])
     if rollout.B > want:  # the last round over-filled: keep the first groups, a full batch
-        rollout, scores = rollout.select(slice(0, want)), scores[:want]
+        rollout, verdicts = rollout.select(slice(0, want)), verdicts[:want]
     if rollout.B < want:
         log.info("dynamic sampling: %d of %d groups have varied rewards after %d extra rounds", rollout.B // G,
                  want // G, rounds)
-    return rollout, scores, stats | {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds}
+    return rollout, verdicts, stats | {"dynamic/groups_dropped": dropped, "dynamic/rounds": rounds}
 
 
 def sample_round(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> tuple:
-    """One round of phases 1-2: G samples of each prompt, and their rewards. Returns (rollout, scores [B], stats):
+    """One round of phases 1-2: G samples of each prompt, and their rewards. Returns (rollout, verdicts [B], stats):
     the timings and the verifier's reward/timeouts, reward/errors and reward/oversized counts."""
     stats: dict = {}  # the verifier's timeouts, failures and oversized responses: counted in the step's record
     with timed(stats, "rollout", engine.device), autocast(cfg, engine.device):
         rollout = engine.generate([r["prompt"] for r in rows], n=cfg.group_size)  # 1. rollout
     with timed(stats, "reward", engine.device):
-        scores = verify(rollout, rows, cfg, verifier, stats)  # 2. reward
-    return rollout, scores, stats
+        verdicts = verify(rollout, rows, cfg, verifier, stats)  # 2. reward
+    return rollout, verdicts, stats
 
 
 def verify(rollout: Rollout, rows: list[dict], cfg: Config, verifier: Verifier, stats: dict | None = None):
@@ -300,9 +300,9 @@ def verify(rollout: Rollout, rows: list[dict], cfg: Config, verifier: Verifier, 
     answer; a response cut at max_new_tokens (no EOS) earns the wrong reward under cfg.truncated_reward "wrong"
     (it stated no final answer: it never ended), its text's score under "graded"."""
     golds = [gold_of(rows[int(i)]) for i in rollout.prompt_index]
-    scores = truncation_rule(verifier.score(rollout.texts, golds, stats=stats), rollout.truncated.tolist(),
+    verdicts = truncation_rule(verifier.rewards(rollout.texts, golds, stats=stats), rollout.truncated.tolist(),
                              cfg.truncated_reward)
-    return torch.tensor(scores, dtype=torch.float32, device=rollout.response_mask.device)
+    return torch.tensor(verdicts, dtype=torch.float32, device=rollout.response_mask.device)
 
 
 def overlong_penalties(lengths: torch.Tensor, cfg: Config) -> torch.Tensor:
@@ -378,7 +378,7 @@ def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor 
         advantages, returns = decoupled_gae(terminal_rewards(rewards, mask), values, mask, gamma=cfg.gamma,
                                             lam_policy=lam_policy, lam_critic=lam_critic)
     if stats is not None:
-        head = head_mask(mask)
+        head = first_tenth_mask(mask)
         stats["advantage_first_tenth"] = masked_mean(advantages, head, all_sum=parallel.all_sum).item()
         stats["advantage_rest"] = masked_mean(advantages, mask - head, all_sum=parallel.all_sum).item()
     if cfg.whiten_advantages:
@@ -576,18 +576,18 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         t0 = time.perf_counter()
         prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout,
                                                config.stream(cfg.seed, "pretrain_prompts")))
-        rollout, scores, _ = sample_round(engine, prompts, cfg, verifier)
+        rollout, verdicts, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
         needed = judge is not None or fixed is not None  # (a stub engine's rollout may have no prompt_index)
         problems = [prompts[int(i)] for i in rollout.prompt_index] if needed else None  # [B], row b's prompt
         if judge is not None:
-            judge.exact.observe(rollout.texts, problems, scores)
+            judge.exact.observe(rollout.texts, problems, verdicts)
         with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
             with autocast(cfg, mask.device):
                 scored = score_rollout(None, critic, rollout, cfg.micro_batch_size)  # no grad
             scored = with_critic_offset(scored, fixed, rollout, problems)  # --critic-offset: V = V*_0 + b + h
             values = scored["values"]  # [B, T]
-            _, returns = gae(terminal_rewards(scores, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
+            _, returns = gae(terminal_rewards(verdicts, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
             ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
             error = masked_mean(values - returns, mask, all_sum=parallel.all_sum).item()  # bias, defined when EV is not
             batch = {"values": values, "returns": returns}
@@ -604,7 +604,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss", "grad_clipped/critic")
                                                    if k in stats},
               "explained_variance": ev, "value_error": error, "skipped_nonfinite": stats["skipped_nonfinite"],
-              "train_acc": parallel.mean(scores > 0), "response_len": parallel.mean(rollout.lengths),
+              "train_acc": parallel.mean(verdicts > 0), "response_len": parallel.mean(rollout.lengths),
               "time/step": time.perf_counter() - t0, **gate})
         if reached:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
@@ -654,25 +654,25 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
                                       seed=config.stream(cfg.seed, "evaluation"), batch_size=eval_batch)
-        scores = verify(rollout, mine, cfg, verifier)
-        out[f"eval/acc_{name}"] = parallel.mean(scores > 0)
+        verdicts = verify(rollout, mine, cfg, verifier)
+        out[f"eval/acc_{name}"] = parallel.mean(verdicts > 0)
         per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right
-            0, rollout.prompt_index.long().cpu(), (scores > 0).double().cpu()) / n
+            0, rollout.prompt_index.long().cpu(), (verdicts > 0).double().cpu()) / n
         out[f"eval/acc_{name}_se"] = parallel.standard_error(per_prompt, prompts)
         if n > 1:  # pass@k: the share of prompts with any right sample (sharpening raises avg@k, not pass@k)
             out[f"eval/pass@{n}"] = parallel.mean((per_prompt > 0).double())
         out[f"eval/response_len_{name}"] = parallel.mean(rollout.lengths)
         for band in bands:
             pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
-            out[f"eval/acc_{name}_steps_{band}"] = parallel.mean(scores[pick] > 0)
+            out[f"eval/acc_{name}_steps_{band}"] = parallel.mean(verdicts[pick] > 0)
     return out
 
 
-def group_all_same(scores: torch.Tensor, G: int) -> float:
+def group_all_same(verdicts: torch.Tensor, G: int) -> float:
     """Share of prompts whose G samples all got the same reward (their group-relative signal is zero)."""
     if G < 2:
         return float("nan")
-    groups = scores.view(-1, G)  # [prompts, G]
+    groups = verdicts.view(-1, G)  # [prompts, G]
     return parallel.mean((groups == groups[:, :1]).all(1))
 
 

@@ -72,7 +72,7 @@ class TokenViews:
             saved = {"prompts": [ids[m.bool()].tolist() for ids, m in zip(r.prompt_ids[::PROBE_SAMPLES],
                                                                          r.prompt_mask[::PROBE_SAMPLES])],
                      "responses": [ids[:n].tolist() for ids, n in zip(r.response_ids, r.lengths)],
-                     "rewards": truncation_rule(verifier.score(r.texts, golds), r.truncated.tolist(),
+                     "rewards": truncation_rule(verifier.rewards(r.texts, golds), r.truncated.tolist(),
                                                 self.cfg.truncated_reward)}
             if self.run.parallel.is_main:
                 write_atomically(self.probes_path, json.dumps(saved))

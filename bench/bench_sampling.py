@@ -14,12 +14,12 @@ Variants:
 - "transformers generate": `model.generate(do_sample=True, top_k=0, num_return_sequences=G)`, the loop a user
   would otherwise call (a prefill per row, every row kept until the longest ends; with min_new_tokens in the long
   setting so that it runs the same length);
-- "keep every row, prefill per row": sampler.sample with every prompt repeated G times, no compaction and
+- "keep every row, prefill per row": rollout.sample with every prompt repeated G times, no compaction and
   transformers' own cache;
-- "drop finished rows, prefill per row": compaction on (sampler.COMPACT_FRACTION);
+- "drop finished rows, prefill per row": compaction on (rollout.COMPACT_FRACTION);
 - "prefill per prompt, growing cache": the G samples of a prompt share its prefill, transformers' own cache (grows
   by torch.cat every token): the sampler before the preallocated cache;
-- "prefill per prompt, preallocated cache": what sampler.sample does now (PreallocatedLayer).
+- "prefill per prompt, preallocated cache": what rollout.sample does now (PreallocatedLayer).
 The script checks that the growing and the preallocated cache draw the same samples, bit for bit, and that a
 prefill per prompt draws the same as a prefill per row. Keeping every row changes the samples (fewer rows draw
 fewer random numbers), so the mean response length of each variant is printed; they should agree within noise.
@@ -36,7 +36,7 @@ import torch
 import common  # (puts the repository on the path)
 import builds
 import engines
-import sampler
+import rollout
 import task
 
 
@@ -68,8 +68,8 @@ def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends,
     engine = engines.HFEngine(model, tokenizer, max_new_tokens=max_new_tokens)
     if not eos_ends:
         engine.eos_ids = []  # no token ends a row: every row samples max_new_tokens
-    shared = sampler.sample
-    fraction = sampler.COMPACT_FRACTION
+    shared = rollout.sample
+    fraction = rollout.COMPACT_FRACTION
     variants = {"transformers generate": None,
                 "keep every row, prefill per row": (2.0, per_row(with_cache(shared, False))),
                 "drop finished rows, prefill per row": (fraction, per_row(with_cache(shared, False))),
@@ -87,7 +87,7 @@ def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends,
                 if how is None:
                     lengths[v].append(hf_generate(model, tokenizer, prompts, n, max_new_tokens, repeat, eos_ends))
                 else:
-                    sampler.COMPACT_FRACTION, engines.sample = how  # engines.HFEngine calls engines.sample
+                    rollout.COMPACT_FRACTION, engines.sample = how  # engines.HFEngine calls engines.sample
                     out[v] = r = engine.generate(prompts, n=n, seed=repeat)
                     lengths[v].append(r.lengths.float().mean().item())
                 times[v].append(time.perf_counter() - start)
@@ -98,7 +98,7 @@ def run_setting(name, model, tokenizer, prompts_of, n, max_new_tokens, eos_ends,
                 grown.sampler_logprobs, pre.sampler_logprobs)
             same_prefill &= torch.equal(row.response_ids, grown.response_ids)
     finally:
-        sampler.COMPACT_FRACTION, engines.sample = fraction, shared
+        rollout.COMPACT_FRACTION, engines.sample = fraction, shared
     rows = len(prompts_of(0)) * n
     print(f"\n{name}: {len(prompts_of(0))} prompts x {n} samples, up to {max_new_tokens} tokens "
           f"({'EOS ends a row' if eos_ends else 'no EOS: every row runs the whole length'})")

@@ -33,7 +33,7 @@ import exact_values  # noqa: E402
 import task  # noqa: E402
 from engines import HFEngine  # noqa: E402
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards  # noqa: E402
-from losses import explained_variance, head_mask  # noqa: E402
+from losses import explained_variance, first_tenth_mask  # noqa: E402
 from models import load_policy  # noqa: E402
 from plots import read_jsonl  # noqa: E402  (complete lines only: a line cut by a kill is left out)
 
@@ -495,7 +495,7 @@ def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, 
             out["by_position"].append(_cell(f"{lo}-{hi - 1}", values, returns, pick))
     out["explained_variance"] = explained_variance(values, returns, mask)
     terminal = terminal_rewards(rewards, mask)
-    first = head_mask(mask).bool()
+    first = first_tenth_mask(mask).bool()
     for name, lam in ((f"{lam_fixed}", torch.full((B,), lam_fixed)), ("adaptive", length_adaptive_lambda(lengths,
                                                                                                          alpha)),
                       ("0 (TD error)", torch.zeros(B))):

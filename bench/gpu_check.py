@@ -141,7 +141,7 @@ CHECKPOINT_PARTS = ("train", "resume", "sharded")  # the parts that write checkp
 # its measurement without a GPU (bench/memory_measured.py at commit 758a9d0): 41.9 GB at the update's peak
 README = dict(rows=512, micro=4, seq=2300, update_gb=33, sampling_gb=30, update_measured_gb=41.9)
 # bytes of one cached K or V element while sampling under --bf16 with float32 weights: the sampler's preallocated
-# cache stores bf16 (sampler.kv_cache_bytes_per_token, tests/test_rollout.py)
+# cache stores bf16 (rollout.kv_cache_bytes_per_token, tests/test_rollout.py)
 KV_BYTES = 2
 
 

@@ -41,7 +41,7 @@ from common import fitted_exact, folder_of, held_out, sample_set, token_ends
 from data import prompt_batch
 from engines import HFEngine
 from gae import gae, length_adaptive_lambda, terminal_rewards
-from losses import head_mask
+from losses import first_tenth_mask
 from models import load_tokenizer, load_value_model, zero_head
 from plots import read_jsonl
 from rollout import response_logprobs, score_rollout
@@ -186,7 +186,7 @@ def value_pretraining(args, seed: int) -> dict:
     rollout, star, rewards = ref["rollout"], ref["star"], ref["rewards"]
     mask = rollout.response_mask
     terminal = terminal_rewards(rewards, mask)
-    first = head_mask(mask).bool()
+    first = first_tenth_mask(mask).bool()
     eos = torch.zeros_like(first)
     eos[torch.arange(rollout.B), rollout.lengths - 1] = True
     long_rows = rollout.lengths >= 300

@@ -272,7 +272,7 @@ def verifier_reward(verifier, expected: list[list[str]], generations: list[dict]
         if i < len(expected) and seen != expected[i]:
             raise SystemExit(f"vs_trl: TRL's rollout {i} sampled other prompts than vapo.py's step {i + 1}")
         truncated = [not ids or ids[-1] not in eos_ids for ids in completion_ids]  # cut at max_completion_length
-        scores = truncation_rule(verifier.score(completions, answer), truncated, truncated_reward)
+        scores = truncation_rule(verifier.rewards(completions, answer), truncated, truncated_reward)
         generations.append({"samples": len(completions), "tokens": sum(len(c) for c in completion_ids),
                             "truncated": sum(truncated), "prompts": seen, "scores": scores})
         return scores

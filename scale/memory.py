@@ -69,7 +69,7 @@ def per_gpu(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int) -> list
 
 
 def phases(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int, tp: int = 1) -> list[tuple[str, str, float]]:
-    """What one GPU of a colocated run holds at each phase, setup included (scale/parallel.py's load_models: each
+    """What one GPU of a colocated run holds at each phase, setup included (scale/sharded.py's load_models: each
     process allocates only its shards and reads only its rows; AdamW's moments and the gradients appear at the
     first update). The largest transient of setup is one tensor's rows; of a sync, one whole float32 tensor."""
     n = counts(c)
@@ -79,7 +79,7 @@ def phases(c: dict, gpus: int, tokens: int, micro: int, kv_tokens: int, tp: int 
     # a tensor-parallel engine (--vllm-tp) splits its weights and its KV heads over tp GPUs, each holding 1 / tp
     engine_weights, kv = n["policy"] * 2 / tp, n["kv_per_token"] * 2 * kv_tokens / tp
     largest = max(n["embed"], n["head"], n["layer"] // 3) * 4  # the embeddings (or LM head) in float32
-    gathered = largest // 2  # a sync gathers it cast to bf16 (scale.parallel.Sharded.named_full_tensors)
+    gathered = largest // 2  # a sync gathers it cast to bf16 (scale.sharded.Sharded.named_full_tensors)
     update = sum(size for name, _, size in per_gpu(c, gpus, tokens, micro, kv_tokens) if name.startswith("update"))
     return [
         ("setup: models loaded", "float32 shards of both models, one tensor's rows in flight", weights + largest / gpus),

@@ -9,7 +9,7 @@ world, each process samples its share of the prompts, every statistic is over th
 The options are vapo.py's (`python scale/train.py --help` lists them); the run folder, its checkpoints and its
 metrics are the same, and `--resume RUN_DIR` continues a sharded run. This file only sets up the world: the
 process group (accelerate's launcher gives rank and world size), this process's device, and `vapo.parallel`, the
-hook through which the loop sees the whole batch (scale/parallel.py). Then it runs vapo.main: the same phases and
+hook through which the loop sees the whole batch (scale/sharded.py). Then it runs vapo.main: the same phases and
 the same functions as `python vapo.py`, not a copy of them.
 
 What the sharded run needs of the options, checked before anything loads: --prompts-per-step (prompts are dealt
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import vapo  # noqa: E402
-from scale.parallel import Sharded  # noqa: E402
+from scale.sharded import Sharded  # noqa: E402
 
 
 # How long a collective may wait for the slowest process before NCCL's watchdog ends the run (its default is 10

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 tests/scale_check.py OUT_PREFIX MICRO [MICRO ...]    # 2 ranks, FSDP2 (scale/)
 
 For each micro-batch size: the shipped base model as policy and critic, loaded the run's way (whole in one
-process, sharded as they load over 2 ranks: scale/parallel.py's load_models), their weights right after setup
+process, sharded as they load over 2 ranks: scale/sharded.py's load_models), their weights right after setup
 recorded; one rollout of 4 prompts x 4 samples
 sampled with a fixed seed before any sharding (the same tokens in every process), each process keeping its share
 of the prompts (whole groups, as scale/train.py deals them); then vapo.py's own step-0 functions: score_rollout,
@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 
 import models  # noqa: E402
 import vapo  # noqa: E402
-from scale.parallel import local_rows, local_tensor  # noqa: E402
+from scale.sharded import local_rows, local_tensor  # noqa: E402
 
 
 def gather_rows(x: torch.Tensor, T: int) -> torch.Tensor:
@@ -40,7 +40,7 @@ def gather_rows(x: torch.Tensor, T: int) -> torch.Tensor:
 def step_zero(micro: int) -> dict:
     from builds import ensure_base_model
     from engines import HFEngine
-    from reward import arith_reward, score_batch
+    from reward import arith_reward, reward_batch
     from rollout import score_rollout
     from task import make_dataset
     P = vapo.parallel
@@ -49,8 +49,8 @@ def step_zero(micro: int) -> dict:
                       warmup_steps=0, alpha=0.5, whiten_advantages=True).validate()
     torch.manual_seed(0)
     base = ensure_base_model(log=lambda *a: None)
-    # the run's own loading: whole models in one process; sharded as they load over 2 ranks (scale/parallel.py)
-    P.read_values = 0  # what this process reads of the weights' files (scale/parallel.py counts it)
+    # the run's own loading: whole models in one process; sharded as they load over 2 ranks (scale/sharded.py)
+    P.read_values = 0  # what this process reads of the weights' files (scale/sharded.py counts it)
     policy, critic, tokenizer = P.load_models(cfg, torch.device("cpu"), base)
     setup = {k: {n: t.clone() for n, t in P.named_full_tensors(m)} for k, m in (("policy", policy), ("critic", critic))}
     head = torch.empty(critic.score.weight.shape).normal_(std=0.05, generator=torch.Generator().manual_seed(1))
@@ -65,7 +65,7 @@ def step_zero(micro: int) -> dict:
     share = cfg.batch_size // P.world_size
     rollout = full.select(slice(P.rank * share, (P.rank + 1) * share))  # this process's prompts, whole groups
     golds = [rows[int(i)]["answer"] for i in rollout.prompt_index]
-    scores = torch.tensor(score_batch(rollout.texts, golds, verifier=arith_reward, num_workers=0))
+    scores = torch.tensor(reward_batch(rollout.texts, golds, verifier=arith_reward, num_workers=0))
 
     policy, critic = P.wrap(policy), P.wrap(critic)
     name = "model.layers.0.mlp.up_proj.weight"
@@ -102,7 +102,7 @@ def step_zero(micro: int) -> dict:
 
 def main(prefix: str, micros: list[int]):
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from scale.parallel import Sharded
+        from scale.sharded import Sharded
         dist.init_process_group("gloo")
         vapo.parallel = Sharded(torch.device("cpu"))
     for micro in micros:

@@ -1,4 +1,4 @@
-"""The sharded load and weight sync of scale/parallel.py over 2 ranks (gloo, CPU), for tests/test_scale.py:
+"""The sharded load and weight sync of scale/sharded.py over 2 ranks (gloo, CPU), for tests/test_scale.py:
 
     torchrun --nproc_per_node 2 tests/sharded_paths_check.py MODEL_FOLDER OUT.json
 
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 
 import engines  # noqa: E402
 import vapo  # noqa: E402
-from scale.parallel import Sharded  # noqa: E402
+from scale.sharded import Sharded  # noqa: E402
 
 
 def main(folder: str, out: str):

@@ -163,7 +163,7 @@ def test_gguf_without_the_package_or_the_file_is_one_line(tiny_gguf, monkeypatch
     run.check_inputs(vapo.Config(model=path))  # a GGUF file is not a missing folder
     with pytest.raises(SystemExit, match="the vLLM engine starts from a model folder"):
         run.check_inputs(vapo.Config(model=path, engine="vllm"))
-    from scale.parallel import Sharded
+    from scale.sharded import Sharded
     with pytest.raises(SystemExit, match="a sharded run reads a model folder's safetensors"):
         Sharded.load_models(None, vapo.Config(model=path), torch.device("cpu"), path)
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` now fails as if it were not installed
@@ -220,7 +220,7 @@ def test_the_generators_own_verifier_scores_the_stated_answer():
         assert reward.reasoning_gym_reward(response, gold) == expected, response[:60]
     # through the trainer's path: worker processes, each item bounded in time
     stats = {}
-    scores = reward.Verifier(reward.reasoning_gym_reward, 1).score(list(cases), [gold] * len(cases), stats)
+    scores = reward.Verifier(reward.reasoning_gym_reward, 1).rewards(list(cases), [gold] * len(cases), stats)
     assert scores == list(cases.values()) and stats["reward/errors"] == stats["reward/timeouts"] == 0
     with pytest.raises(ValueError, match="not a reasoning-gym problem"):
         reward.reasoning_gym_reward("Answer: 3", "3")

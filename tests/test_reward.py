@@ -18,7 +18,7 @@ from math_verify import LatexExtractionConfig, parse, verify
 import bounds
 import reward
 from reward import (CORRECT_REWARD, WRONG_REWARD, arith_reward, check_golds, extract_answer, math_equal,
-                    math_reward, overlong_penalty, score_batch)
+                    math_reward, overlong_penalty, reward_batch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLACK_S = 4.0  # start-up of a replacement worker and a busy machine; a hang would take minutes
@@ -50,7 +50,7 @@ def _pool_pids() -> set[int]:
     deadline = time.monotonic() + 2 * SLACK_S
     pids = set()
     while len(pids) < 2 and time.monotonic() < deadline:
-        pids = set(map(int, score_batch(["x"] * 4, ["x"] * 4, _worker_pid, num_workers=2)))
+        pids = set(map(int, reward_batch(["x"] * 4, ["x"] * 4, _worker_pid, num_workers=2)))
     return pids
 
 
@@ -172,7 +172,7 @@ def test_math_reward_table(response, gold, expected):
 
 def test_math_reward_through_the_pool_keeps_order():
     responses, golds, expected = zip(*MATH_TABLE)
-    assert score_batch(list(responses), list(golds), num_workers=2) == list(expected)
+    assert reward_batch(list(responses), list(golds), num_workers=2) == list(expected)
 
 
 def test_math_reward_custom_values_and_bad_gold():
@@ -249,7 +249,7 @@ def test_injection_is_never_executed(tmp_path):
         assert arith_reward(response, "0") == WRONG_REWARD
         answer = extract_answer(response)
         assert answer is None or not math_equal(answer, "0")
-    assert score_batch(responses, ["0"] * len(responses), num_workers=2) == [WRONG_REWARD] * len(responses)
+    assert reward_batch(responses, ["0"] * len(responses), num_workers=2) == [WRONG_REWARD] * len(responses)
     assert not marker.exists()
 
 
@@ -294,7 +294,7 @@ def test_arith_reward_in_process_is_fast_and_matches():
     responses = [f"2+2=4\nAnswer: {i - 50}" for i in range(10_000)]
     golds = [str(i % 100 - 50) for i in range(10_000)]
     start = time.perf_counter()
-    scores = score_batch(responses, golds, verifier=arith_reward, num_workers=0)
+    scores = reward_batch(responses, golds, verifier=arith_reward, num_workers=0)
     assert time.perf_counter() - start < 1.0
     assert scores == [arith_reward(r, g) for r, g in zip(responses, golds)]
     assert scores.count(CORRECT_REWARD) == 100
@@ -326,34 +326,34 @@ def test_overlong_penalty_validates(args, name):
 
 
 # --------------------------------------------------------------------------------------------------------
-# score_batch
+# reward_batch
 # --------------------------------------------------------------------------------------------------------
 
-def test_score_batch_validates():
+def test_reward_batch_validates():
     with pytest.raises(ValueError, match="2 responses but 1 golds"):
-        score_batch(["a", "b"], ["a"])
+        reward_batch(["a", "b"], ["a"])
     with pytest.raises(TypeError, match=r"golds\[1\]"):
-        score_batch(["a", "b"], ["a", None])
+        reward_batch(["a", "b"], ["a", None])
     with pytest.raises(ValueError, match="num_workers"):
-        score_batch(["a"], ["a"], num_workers=-1)
+        reward_batch(["a"], ["a"], num_workers=-1)
     with pytest.raises(ValueError, match="timeout_s"):
-        score_batch(["a"], ["a"], timeout_s=0)
+        reward_batch(["a"], ["a"], timeout_s=0)
     with pytest.raises(TypeError, match="picklable"):
-        score_batch(["a"], ["a"], verifier=lambda r, g: 1.0, num_workers=2)
-    assert score_batch([], []) == []
+        reward_batch(["a"], ["a"], verifier=lambda r, g: 1.0, num_workers=2)
+    assert reward_batch([], []) == []
 
 
 def test_pool_is_persistent_across_calls():
-    score_batch(["1", "2"], ["1", "2"], _fragile_verifier, num_workers=2)
+    reward_batch(["1", "2"], ["1", "2"], _fragile_verifier, num_workers=2)
     pids = _pool_pids()
     assert len(pids) == 2
-    assert score_batch(["1", "2", "3"], ["1", "0", "3"], _fragile_verifier, num_workers=2) == [R, W, R]
+    assert reward_batch(["1", "2", "3"], ["1", "0", "3"], _fragile_verifier, num_workers=2) == [R, W, R]
     assert _pool_pids() == pids  # the same processes: start-up (seconds) is paid once
 
 
 def test_pathological_items_are_bounded_and_the_rest_scored(caplog):
     # warm (start-up and math-verify's first call are not what is measured)
-    score_batch([r"\boxed{1/2}"] * 4, ["0.5"] * 4, num_workers=2)
+    reward_batch([r"\boxed{1/2}"] * 4, ["0.5"] * 4, num_workers=2)
     cases = [
         (r"\boxed{1/2}", "0.5", R),
         (r"\boxed{9^{9^{9^9}}}", "5", W),
@@ -367,7 +367,7 @@ def test_pathological_items_are_bounded_and_the_rest_scored(caplog):
     timeout_s = 1.5  # below math_equal's soft 2 s, so the power tower is killed by the hard bound
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="reward"):
-        scores = score_batch(responses, golds, num_workers=2, timeout_s=timeout_s)
+        scores = reward_batch(responses, golds, num_workers=2, timeout_s=timeout_s)
     assert time.perf_counter() - start < timeout_s + SLACK_S
     assert scores == expected
     assert "1 timed out" in caplog.text
@@ -379,13 +379,13 @@ def test_stuck_and_crashed_workers_lose_no_other_result(caplog):
     expected = [R, W, R, W, W, W, R, W, R, R]
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="reward"):
-        scores = score_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=2.0)
+        scores = reward_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=2.0)
     assert time.perf_counter() - start < 2.0 + 2 * SLACK_S  # the hang is killed at 2 s; two replacements
     assert scores == expected
     assert "1 timed out" in caplog.text and "3 failed" in caplog.text
     assert "boom" in caplog.text and "exit code 3" in caplog.text and "non-finite" in caplog.text
     # the pool is whole again and still works
-    assert score_batch(["7", "8"], ["7", "8"], _fragile_verifier, num_workers=2) == [R, R]
+    assert reward_batch(["7", "8"], ["7", "8"], _fragile_verifier, num_workers=2) == [R, R]
     assert len(_pool_pids()) == 2
 
 
@@ -395,12 +395,12 @@ def test_a_hanging_verifier_is_cut_at_the_timeout_and_the_pool_scores_the_next_b
     pids = _pool_pids()
     stats = {}
     start = time.perf_counter()
-    scores = score_batch(["hang", "1", "2"], ["x", "1", "0"], _fragile_verifier, num_workers=2, timeout_s=1.0,
+    scores = reward_batch(["hang", "1", "2"], ["x", "1", "0"], _fragile_verifier, num_workers=2, timeout_s=1.0,
                          wrong=-3.0, stats=stats)
     assert time.perf_counter() - start < 1.0 + SLACK_S  # not the 600 s the verifier sleeps
     assert scores == [-3.0, R, W]
     assert stats == {"reward/timeouts": 1, "reward/errors": 0, "reward/oversized": 0}
-    assert score_batch(["3", "4"], ["3", "4"], _fragile_verifier, num_workers=2, stats=stats) == [R, R]
+    assert reward_batch(["3", "4"], ["3", "4"], _fragile_verifier, num_workers=2, stats=stats) == [R, R]
     assert stats["reward/timeouts"] == 0
     after = _pool_pids()
     assert len(after) == 2 and len(after & pids) == 1  # the hung worker, and only it, was replaced
@@ -412,7 +412,7 @@ def test_oversized_responses_are_wrong_without_parsing(caplog):
         return CORRECT_REWARD
 
     with caplog.at_level(logging.WARNING, logger="reward"):
-        scores = score_batch(["a" * 101, "b"], ["x", "x"], must_not_run, num_workers=0, max_response_chars=100)
+        scores = reward_batch(["a" * 101, "b"], ["x", "x"], must_not_run, num_workers=0, max_response_chars=100)
     assert scores == [WRONG_REWARD, CORRECT_REWARD]
     assert "1 longer than 100 chars" in caplog.text
 
@@ -422,16 +422,16 @@ def test_stats_count_what_went_wrong_and_quiet_the_log(caplog):
     golds = ["1", "x", "x", "x", "x", "0"]
     stats = {"reward/timeouts": 99, "other": 1}  # the call's counts replace earlier ones; other keys stay
     with caplog.at_level(logging.DEBUG, logger="reward"):
-        scores = score_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=1.0,
+        scores = reward_batch(responses, golds, _fragile_verifier, num_workers=2, timeout_s=1.0,
                              max_response_chars=100, stats=stats)
     assert scores == [R, W, W, W, W, W]
     assert stats == {"reward/timeouts": 1, "reward/errors": 2, "reward/oversized": 1, "other": 1}
     assert all(type(v) is int for v in stats.values())
-    summary = [r for r in caplog.records if r.name == "reward" and r.getMessage().startswith("score_batch")]
+    summary = [r for r in caplog.records if r.name == "reward" and r.getMessage().startswith("reward_batch")]
     assert len(summary) == 1 and summary[0].levelno == logging.DEBUG  # the caller logs the counts itself
     assert "1 timed out" in summary[0].getMessage() and "2 failed" in summary[0].getMessage()
     stats = {}
-    assert score_batch(["1"], ["1"], _fragile_verifier, num_workers=2, stats=stats) == [R]
+    assert reward_batch(["1"], ["1"], _fragile_verifier, num_workers=2, stats=stats) == [R]
     assert stats == {"reward/timeouts": 0, "reward/errors": 0, "reward/oversized": 0}
 
 
@@ -442,7 +442,7 @@ def test_math_verify_timeouts_are_counted_and_kept_off_the_log(caplog):
     settings = math_verify_log.level, math_verify_log.propagate, list(math_verify_log.handlers)
     stats = {}
     with caplog.at_level(logging.DEBUG):
-        scores = score_batch([r"\boxed{(x+1)^{10000}}", "Answer: 5"], ["5", "5"], num_workers=0, stats=stats)
+        scores = reward_batch([r"\boxed{(x+1)^{10000}}", "Answer: 5"], ["5", "5"], num_workers=0, stats=stats)
     assert scores == [W, R]
     assert stats["reward/timeouts"] == 1 and stats["reward/errors"] == 0
     assert not [r for r in caplog.records if r.name.startswith("math_verify")]
@@ -535,7 +535,7 @@ def test_math_verify_timeouts_in_workers_stay_off_the_console():
     code = ("import reward\n"
             "if __name__ == '__main__':\n"
             "    stats = {}\n"
-            "    print(reward.score_batch([r'\\boxed{9^{9^{9^9}}}', 'Answer: 5'], ['5', '5'], num_workers=1,\n"
+            "    print(reward.reward_batch([r'\\boxed{9^{9^{9^9}}}', 'Answer: 5'], ['5', '5'], num_workers=1,\n"
             "                             stats=stats), stats)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -545,19 +545,19 @@ def test_math_verify_timeouts_in_workers_stay_off_the_console():
 
 
 def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path):
-    """Under spawn, each worker imports the main script; one that calls score_batch at import time would try to
+    """Under spawn, each worker imports the main script; one that calls reward_batch at import time would try to
     start workers of its own. That fails with one RuntimeError naming the fix, not multiprocessing's traceback
     about the "bootstrapping phase" from every worker."""
     script = tmp_path / "unguarded.py"
     script.write_text("import reward\n"
-                      "print(reward.score_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1))\n")
+                      "print(reward.reward_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1))\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("Traceback") == 1, out.stderr  # the parent's only: the worker exits quietly
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: score_batch: the scoring workers could not start")
+    assert last.startswith("RuntimeError: reward_batch: the scoring workers could not start")
     assert 'if __name__ == "__main__":' in last and "num_workers=0" in last
     assert "bootstrapping" not in out.stderr
 
@@ -598,7 +598,7 @@ def test_check_golds_validates():
 
 def test_custom_values_through_partial():
     verifier = functools.partial(math_reward, correct=1.0, wrong=0.0)
-    assert score_batch([r"\boxed{2}", r"\boxed{3}"], ["2", "2"], verifier, num_workers=2, wrong=0.0) == [1.0, 0.0]
+    assert reward_batch([r"\boxed{2}", r"\boxed{3}"], ["2", "2"], verifier, num_workers=2, wrong=0.0) == [1.0, 0.0]
 
 
 def _alive(pid: int) -> bool:
@@ -614,7 +614,7 @@ def _alive(pid: int) -> bool:
 def test_workers_do_not_outlive_the_trainer(ending):
     """A normal exit closes the pool (atexit); a killed parent's workers see their pipe close and exit."""
     code = ("import multiprocessing, os, sys, reward\n"
-            "reward.score_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1)\n"
+            "reward.reward_batch(['Answer: 1'], ['1'], reward.arith_reward, num_workers=1)\n"
             "print(*[p.pid for p in multiprocessing.active_children() if p.name == 'pebble_pool_worker'],\n"
             "      flush=True)\n" + ending + "\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -1,7 +1,7 @@
 """Property tests (hypothesis) of reward.py on random and adversarial text.
 
-For any text, extract_answer, math_equal, math_reward, arith_reward and score_batch raise nothing (except the
-documented ValueError for a malformed gold) and return only their defined values; score_batch keeps its per-item
+For any text, extract_answer, math_equal, math_reward, arith_reward and reward_batch raise nothing (except the
+documented ValueError for a malformed gold) and return only their defined values; reward_batch keeps its per-item
 time bound on answers that would cost sympy minutes or forever; nothing in a response is ever executed.
 Example counts keep the file well under a minute on 2 loaded cores (about 12 s). No example database is kept
 (database=None); hypothesis's own caches go to .hypothesis/, which git ignores (hypothesis writes its .gitignore).
@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reward import (CORRECT_REWARD, MAX_INTEGER_DIGITS, WRONG_REWARD, arith_reward, extract_answer, math_equal,
-                    math_reward, score_batch)
+                    math_reward, reward_batch)
 
 R, W = CORRECT_REWARD, WRONG_REWARD
 FAST = settings(deadline=None, max_examples=150, database=None)
 # Through a worker, where each pathological item costs a kill (timeout_s) and a replacement worker (~0.3 s idle).
 SLOW = settings(deadline=None, max_examples=10, database=None, suppress_health_check=[HealthCheck.too_slow])
-TIMEOUT_S = 0.5  # score_batch's bound in the pool tests: far above a normal item (milliseconds, warm)
+TIMEOUT_S = 0.5  # reward_batch's bound in the pool tests: far above a normal item (milliseconds, warm)
 RESTART_S = 3.0  # per item: a killed worker's replacement starting on a loaded machine, generously
 
 # Pieces that matter to the extractor and the LaTeX parser, mixed with arbitrary unicode: boxes, braces (plain
@@ -77,7 +77,7 @@ def injections(marker):
 @pytest.fixture(scope="module")
 def warm_pool():
     """The 1-worker pool started (and math-verify's first call made) before anything is timed."""
-    score_batch([r"\boxed{1/2}"], ["0.5"], num_workers=1)
+    reward_batch([r"\boxed{1/2}"], ["0.5"], num_workers=1)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -165,16 +165,16 @@ def test_arith_reward_on_any_gold_scores_or_rejects_it(response, gold):
 
 
 # --------------------------------------------------------------------------------------------------------
-# score_batch
+# reward_batch
 # --------------------------------------------------------------------------------------------------------
 
 @FAST
 @given(items=st.lists(st.tuples(any_text | answer_lines | huge, integers.map(str)), max_size=20),
        max_chars=st.integers(0, 300_000))
-def test_score_batch_in_process_is_the_verifier_in_order(items, max_chars):
+def test_reward_batch_in_process_is_the_verifier_in_order(items, max_chars):
     responses, gold_list = [r for r, _ in items], [g for _, g in items]
     stats = {}
-    scores = score_batch(responses, gold_list, arith_reward, num_workers=0, max_response_chars=max_chars,
+    scores = reward_batch(responses, gold_list, arith_reward, num_workers=0, max_response_chars=max_chars,
                          stats=stats)
     assert scores == [arith_reward(r, g) if len(r) <= max_chars else W for r, g in items]
     assert stats == {"reward/timeouts": 0, "reward/errors": 0,
@@ -183,16 +183,16 @@ def test_score_batch_in_process_is_the_verifier_in_order(items, max_chars):
 
 @settings(deadline=None, max_examples=30, database=None)
 @given(items=st.lists(st.tuples(any_text | answer_lines, integers.map(str)), min_size=1, max_size=10))
-def test_score_batch_through_a_worker_is_the_verifier_in_order(warm_pool, items):
+def test_reward_batch_through_a_worker_is_the_verifier_in_order(warm_pool, items):
     responses, gold_list = [r for r, _ in items], [g for _, g in items]
-    assert score_batch(responses, gold_list, arith_reward, num_workers=1) == [arith_reward(r, g) for r, g in items]
+    assert reward_batch(responses, gold_list, arith_reward, num_workers=1) == [arith_reward(r, g) for r, g in items]
 
 
 def _bounded(responses, gold_list):
-    """score_batch with math_reward in 1 worker: only defined values, counted failures, and the time bound."""
+    """reward_batch with math_reward in 1 worker: only defined values, counted failures, and the time bound."""
     stats = {}
     start = time.perf_counter()
-    scores = score_batch(responses, gold_list, num_workers=1, timeout_s=TIMEOUT_S, stats=stats)
+    scores = reward_batch(responses, gold_list, num_workers=1, timeout_s=TIMEOUT_S, stats=stats)
     elapsed = time.perf_counter() - start
     assert elapsed < len(responses) * (TIMEOUT_S + RESTART_S), f"{elapsed:.1f} s for {len(responses)} items"
     assert len(scores) == len(responses) and set(scores) <= {R, W}
@@ -201,7 +201,7 @@ def _bounded(responses, gold_list):
     return scores, stats
 
 
-def test_score_batch_bounds_dangerous_answers(warm_pool, marker):
+def test_reward_batch_bounds_dangerous_answers(warm_pool, marker):
     responses = DANGEROUS + [r"\boxed{1/2}", "Answer: 5"]
     scores, stats = _bounded(responses, ["5"] * len(DANGEROUS) + ["0.5", "5"])
     assert scores == [W] * len(DANGEROUS) + [R, R]
@@ -210,7 +210,7 @@ def test_score_batch_bounds_dangerous_answers(warm_pool, marker):
 
 @SLOW
 @given(data=st.data())
-def test_score_batch_bounds_random_batches(warm_pool, marker, data):
+def test_reward_batch_bounds_random_batches(warm_pool, marker, data):
     pick = st.sampled_from(DANGEROUS) | any_text | answer_lines | huge | st.sampled_from(injections(marker))
     responses = data.draw(st.lists(pick, min_size=1, max_size=3), label="responses")
     gold_list = data.draw(st.lists(golds, min_size=len(responses), max_size=len(responses)), label="golds")
@@ -237,5 +237,5 @@ def test_injections_are_never_executed(marker, data):
 
 def test_injections_through_a_worker_are_never_executed(warm_pool, marker):
     responses = injections(marker)
-    assert score_batch(responses, ["0"] * len(responses), num_workers=1) == [W] * len(responses)
+    assert reward_batch(responses, ["0"] * len(responses), num_workers=1) == [W] * len(responses)
     assert not marker.exists()

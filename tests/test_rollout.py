@@ -1,4 +1,4 @@
-"""rollout.py, sampler.py and engines.py: sampling with group structure, masks and EOS, sampler vs recomputed
+"""rollout.py and engines.py: sampling with group structure, masks and EOS, sampler vs recomputed
 log-probs, value alignment, invariance to what sits under the masks, gradients, micro-batching."""
 import dataclasses
 from types import SimpleNamespace
@@ -9,8 +9,8 @@ from torch import nn
 
 from models import value_model_from_policy
 import engines
-import sampler
 from engines import HFEngine
+import rollout
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 
 PROMPTS = ["1+2=", "a much longer prompt, to pad the others:", "xyz"]  # different lengths -> left padding
@@ -344,7 +344,7 @@ def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
     weights cache 4 bytes and bfloat16 weights 2, with either cache."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sampler import kv_cache_bytes_per_token
+    from rollout import kv_cache_bytes_per_token
     config = Qwen2Config(hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=64, vocab_size=64, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).eval()
@@ -389,7 +389,7 @@ def test_the_preallocated_cache_is_one_buffer_filled_in_place(tiny_policy):
     """Every update writes into the buffer allocated at the prefill (the keys handed to attention are a view of
     it, of the filled length), rows leaving copy only what is filled, and a write past the capacity is an error,
     not a silent reallocation."""
-    cache = sampler.preallocated_cache(tiny_policy, capacity=6, dtype=torch.bfloat16)
+    cache = rollout.preallocated_cache(tiny_policy, capacity=6, dtype=torch.bfloat16)
     layer = cache.layers[0]
     kv = lambda rows, tokens: torch.randn(rows, 2, tokens, 32)  # noqa: E731  [B, H, t, D]
     first = kv(3, 4)
@@ -415,7 +415,7 @@ def test_a_model_the_preallocated_cache_does_not_fit_samples_with_its_own(tokeni
     from transformers import Qwen2ForCausalLM
     model = Qwen2ForCausalLM(task.tiny_config(tokenizer, use_sliding_window=True, sliding_window=8,
                                               max_window_layers=0)).eval()
-    assert sampler.preallocated_cache(model, 10) is None
+    assert rollout.preallocated_cache(model, 10) is None
     r = HFEngine(model, tokenizer, max_new_tokens=12).generate(PROMPTS, n=2, seed=0)
     logprobs, _ = response_logprobs(model, r)
     assert torch.allclose(logprobs, r.sampler_logprobs, atol=ATOL, rtol=0)

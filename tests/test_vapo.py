@@ -395,14 +395,14 @@ def test_evaluation_at_sample_counts(tiny_model_dir, tmp_path):
 
 def test_advantage_by_position_is_the_raw_advantage_split():
     """The logged first-tenth and rest figures are the masked means of the unwhitened advantages over each
-    response's first tenth (losses.head_mask) and the rest, whether or not the update whitens them."""
-    from losses import head_mask, masked_mean
+    response's first tenth (losses.first_tenth_mask) and the rest, whether or not the update whitens them."""
+    from losses import first_tenth_mask, masked_mean
     ro = FakeRollout([10, 40], T=40)
     scores, values = torch.tensor([1.0, -1.0]), torch.rand(2, 40) * ro.response_mask
     raw, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, whiten_advantages=False))
     stats = {}
     whitened, _, _ = vapo.advantages_and_returns(ro, scores, values, Config(alpha=0.5, whiten_advantages=True), stats)
-    head = head_mask(ro.response_mask)
+    head = first_tenth_mask(ro.response_mask)
     assert head.sum(-1).tolist() == [1, 4]  # positions t < 0.1 * length
     assert stats["advantage_first_tenth"] == pytest.approx(masked_mean(raw, head).item())
     assert stats["advantage_rest"] == pytest.approx(masked_mean(raw, ro.response_mask - head).item())
@@ -716,7 +716,7 @@ def test_the_runs_random_streams_are_named_in_one_place():
     to the seed, and the streams that must not share draws do not (the RL steps' prompts against value
     pretraining's; the evaluation's sampling against the trainer's)."""
     import re
-    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "sampler.py", "engines.py", "data.py",
+    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "engines.py", "data.py",
                  "models.py", "config.py"):
         source = open(os.path.join(ROOT, name)).read()
         assert not re.search(r"seed\s*\+\s*\d", source), name

@@ -21,7 +21,7 @@ def main(out_path: str):
     import vapo
     from builds import ensure_base_model
     from engines import HFEngine, VLLMEngine, eos_token_ids
-    from reward import arith_reward, score_batch
+    from reward import arith_reward, reward_batch
     from rollout import response_logprobs, score_rollout
     from task import make_dataset
     torch.manual_seed(0)
@@ -43,7 +43,7 @@ def main(out_path: str):
     # one update of the policy (GRPO's, no critic: the sync concerns the policy only)
     rows = make_dataset(cfg.prompts_per_step, seed=6, split="train")
     rollout = hf.generate([r["prompt"] for r in rows], n=cfg.group_size, seed=1)
-    scores = torch.tensor(score_batch(rollout.texts, [rows[int(i)]["answer"] for i in rollout.prompt_index],
+    scores = torch.tensor(reward_batch(rollout.texts, [rows[int(i)]["answer"] for i in rollout.prompt_index],
                                       verifier=arith_reward, num_workers=0))
     advantages, _, _ = vapo.advantages_and_returns(rollout, scores.float(), None, cfg)
     old = score_rollout(policy, None, rollout, cfg.micro_batch_size)["old_logprobs"]

@@ -70,7 +70,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     backbone = getattr(model, model.base_model_prefix, model)
     layers = getattr(backbone, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no `layers` in its backbone to shard; scale/parallel.py knows "
+        raise ValueError(f"{type(model).__name__}: no `layers` in its backbone to shard; scale/sharded.py knows "
                          f"decoder-only models laid out as Qwen2 and Llama are")
     return list(layers)
 
