@@ -1,7 +1,7 @@
 """bench/ablation.py --quick: every row of the paper's ablation table still runs (2 steps each, one seed), and the
-sweep writes its tables, JSON and plots: the four algorithms and one ablation in the long chains' regime, VAPO and
-the other six ablations in the demo's, so that the two tests together run all eleven rows. Slow (about 1-2 minutes
-each on 2 cores); CI runs them."""
+sweep writes its tables, JSON and plots: the four algorithms and one ablation in the long chains' regime, VAPO, the
+other six ablations and the six controls in the demo's, so that the two tests together run all seventeen rows. Slow
+(a few minutes each on 2 cores); CI runs them."""
 import json
 import os
 import subprocess
@@ -16,30 +16,56 @@ LONG_ROWS = ["PPO", "GRPO", "DAPO", "VAPO", "w/o Clip-Higher"]  # run by the lon
 
 
 @pytest.mark.slow
-def test_the_ablations_run_in_the_demo_regime(tmp_path):
-    """--quick in the demo's regime: VAPO and the six ablations that the long regime's test does not run. The rows
-    that switch one technique off share VAPO's pretrained critic (w/o Value-Pretraining starts from the preset's),
-    every row stops at the same budget of samples, and the three tables have a line for each row."""
+def test_the_ablations_and_the_controls_run_in_the_demo_regime(tmp_path):
+    """--quick in the demo's regime, in one sweep (one VAPO run, whose pretrained critic the rows that share it
+    take): VAPO, the six ablations that the long regime's test does not run, and the six controls (not in the
+    paper). The rows that switch one technique off share VAPO's pretrained critic (w/o Value-Pretraining starts from
+    the preset's), every row stops at the same budget of samples, and the tables have a line for each row.
+    Each control is the row it modifies with one change, read from the runs' config.json: NLL only has no policy
+    gradient and no critic; GRPO + NLL and PPO + NLL add the NLL at the preset's mu; VAPO mu 0.1 shares VAPO's
+    pretrained critic; DAPO at equal updates takes the budget's steps and more samples than the budget; GRPO
+    token-level changes only the loss's aggregation. The table that tells VAPO from self-imitation has a line for
+    each row."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import ablation
-    names = [r for r, _, _ in ablation.ROWS if (r not in LONG_ROWS or r == "VAPO") and r not in ablation.CONTROLS]
-    assert len(names) == 7 and set(names) | set(LONG_ROWS) | set(ablation.CONTROLS) == {r for r, _, _ in ablation.ROWS}
+    ablations = [r for r, _, _ in ablation.ROWS if (r not in LONG_ROWS or r == "VAPO") and r not in ablation.CONTROLS]
+    assert len(ablations) == 7 and set(ablations) | set(LONG_ROWS) | set(ablation.CONTROLS) == {
+        r for r, _, _ in ablation.ROWS}
+    names = ablations + ablation.CONTROLS  # ROWS' order, which the sweep keeps
     out = tmp_path / "ablation"
     proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out), "--rows", *names],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.load(open(out / "ablation.json"))
     rows = {r["row"]: r for r in result["rows"]}
     assert list(rows) == names and all(r["seeds"] == 1 for r in rows.values())
     assert all(r["samples"] >= result["budget"] for r in rows.values())  # each stopped at the same budget
-    shared = json.load(open(out / "w-o-decoupled-gae-s0" / "config.json"))
-    assert shared["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
-    alone = json.load(open(out / "w-o-value-pretraining-s0" / "config.json"))
+
+    def config(row):
+        return json.load(open(out / f"{ablation.slug(row)}-s0" / "config.json"))
+
+    assert config("w/o Decoupled-GAE")["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
+    alone = config("w/o Value-Pretraining")
     assert not alone["value_pretraining"] and "critic_pretrained" not in str(alone["value_model"])
     # five tables (results, diagnostics, VAPO or self-imitation, every run, time to learn), each a header, a
-    # separator and the 7 rows (one seed each: the table of every run has a line per row too)
-    assert (out / "ablation.md").read_text().count("\n|") == 5 * (2 + 7) and (out / "ablation.png").exists()
+    # separator and the 13 rows (one seed each: the table of every run has a line per row too)
+    report = (out / "ablation.md").read_text()
+    assert report.count("\n|") == 5 * (2 + len(names)) and (out / "ablation.png").exists()
     assert rows["VAPO"]["diagnostics"]["lam_policy"] is not None
+    # the controls
+    raft, grpo_nll, ppo_nll = config("NLL only (online RAFT)"), config("GRPO + NLL"), config("PPO + NLL")
+    assert not raft["policy_gradient"] and raft["positive_nll"] and raft["group_advantage"]
+    assert grpo_nll["positive_nll"] and grpo_nll["policy_gradient"] and grpo_nll["mu"] == config("VAPO")["mu"]
+    assert ppo_nll["positive_nll"] and not ppo_nll["value_pretraining"] and not ppo_nll["decoupled_gae"]
+    assert config("VAPO mu 0.1")["mu"] == 0.1
+    assert config("VAPO mu 0.1")["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
+    dapo = config("DAPO equal updates")
+    assert dapo["max_samples"] is None and dapo["dynamic_sampling"]
+    assert rows["DAPO equal updates"]["samples"] >= result["budget"]
+    assert config("GRPO token-level")["token_level_loss"] and not config("GRPO token-level")["positive_nll"]
+    table = report.split("VAPO or self-imitation?")[1].split("\n\n")[1]
+    assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == names
+    assert "NLL mu 0.1 alone: no policy gradient" in table and "NLL mu 3" not in table  # the demo preset: mu 0.1
 
 
 @pytest.mark.slow
@@ -74,42 +100,6 @@ def test_every_row_runs_in_the_long_regime(tmp_path):
     assert ppo_line.split(" | ")[1].count("->") == 2 and ppo_line.count("|") == 9
     (grpo_line,) = [line for line in report.splitlines() if line.startswith("| GRPO (0) |")]
     assert grpo_line.endswith("| no critic |")
-
-
-@pytest.mark.slow
-def test_the_controls_that_tell_vapo_from_self_imitation_run(tmp_path):
-    """--quick, the six controls (not in the paper): each is the row it modifies with one change, read from the
-    runs' config.json: NLL only has no policy gradient and no critic; GRPO + NLL and PPO + NLL add the NLL at the
-    preset's mu; VAPO mu 0.1 shares VAPO's pretrained critic; DAPO at equal updates takes the budget's steps and
-    more samples than the budget; GRPO token-level changes only the loss's aggregation. The table that tells
-    VAPO from self-imitation has a line for each."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import ablation
-    out = tmp_path / "controls"
-    proc = subprocess.run([sys.executable, "bench/ablation.py", "--quick", "--out", str(out), "--rows",
-                           *ablation.CONTROLS], cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.load(open(out / "ablation.json"))
-    rows = {r["row"]: r for r in result["rows"]}
-    assert set(rows) == {"VAPO", *ablation.CONTROLS} and all(r["seeds"] == 1 for r in rows.values())
-
-    def config(row):
-        return json.load(open(out / f"{ablation.slug(row)}-s0" / "config.json"))
-
-    raft, grpo_nll, ppo_nll = config("NLL only (online RAFT)"), config("GRPO + NLL"), config("PPO + NLL")
-    assert not raft["policy_gradient"] and raft["positive_nll"] and raft["group_advantage"]
-    assert grpo_nll["positive_nll"] and grpo_nll["policy_gradient"] and grpo_nll["mu"] == config("VAPO")["mu"]
-    assert ppo_nll["positive_nll"] and not ppo_nll["value_pretraining"] and not ppo_nll["decoupled_gae"]
-    assert config("VAPO mu 0.1")["mu"] == 0.1
-    assert config("VAPO mu 0.1")["value_model"].endswith(os.path.join("vapo-s0", "critic_pretrained"))
-    dapo = config("DAPO equal updates")
-    assert dapo["max_samples"] is None and dapo["dynamic_sampling"]
-    assert rows["DAPO equal updates"]["samples"] >= result["budget"]
-    assert config("GRPO token-level")["token_level_loss"] and not config("GRPO token-level")["positive_nll"]
-    report = (out / "ablation.md").read_text()
-    table = report.split("VAPO or self-imitation?")[1].split("\n\n")[1]
-    assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == ["VAPO", *ablation.CONTROLS]
-    assert "NLL mu 0.1 alone: no policy gradient" in table and "NLL mu 3" not in table  # the demo preset: mu 0.1
 
 
 def test_the_verdict_on_the_papers_ordering_weighs_the_seeds_spread():

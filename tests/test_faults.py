@@ -33,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = dict(dataset="builtin", steps=3, prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4,
             micro_batch_size=2, max_new_tokens=16, actor_lr=1e-3, critic_lr=1e-3, warmup_steps=1,
-            value_pretrain_steps=1, eval_every=0, eval_prompts=2, eval_samples=1, save_every=1, alpha=0.5)
+            value_pretrain_steps=1, eval_every=0, eval_prompts=2, eval_samples=1, save_every=1, alpha=0.5,
+            token_views=False)  # their PNGs took most of a tiny run; the kill harness below keeps them (cli)
 
 
 def tiny_config(model_dir, out_dir, **kw):

@@ -34,6 +34,12 @@ def tiny_config(model_dir, out_dir, **kw):
     return Config(**{**TINY, "model": model_dir, "output_dir": str(out_dir), **kw}).validate()
 
 
+# For the runs here whose claims are not about the teaching views: their PNGs (5 matplotlib figures at step 0,
+# after value pretraining and at every evaluation) took most of a tiny run's time. tests/test_views.py checks the
+# views of a run, tests/test_faults.py's kill harness their records across resumes.
+NO_VIEWS = dict(token_views=False)
+
+
 def read_metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [json.loads(line) for line in fh]
@@ -235,7 +241,7 @@ def test_group_sampling_off_uses_distinct_prompts():
 # ---- training on the tiny model ---------------------------------------------------------------------------
 
 def test_a_few_steps_change_both_models_and_log_everything(tiny_model_dir, tmp_path):
-    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run"))
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", **NO_VIEWS))
     policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
     critic = weights(os.path.join(run_dir, "checkpoint", "critic"))
     start = weights(tiny_model_dir)
@@ -265,7 +271,8 @@ def odd_length_verifier(response: str, gold: str) -> float:
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo"])
 def test_baselines_train_and_grpo_has_no_critic(tiny_model_dir, tmp_path, algo, monkeypatch):
     monkeypatch.setattr(run, "verifier_for", lambda cfg: Verifier(odd_length_verifier, 0))
-    cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache_frac=8 / 24)
+    cfg = tiny_config(tiny_model_dir, tmp_path / algo, algo=algo, **vapo.ALGORITHMS[algo], overlong_cache_frac=8 / 24,
+                      **NO_VIEWS)
     run_dir = vapo.train(cfg)
     policy = weights(os.path.join(run_dir, "checkpoint", "policy"))
     start = weights(tiny_model_dir)
@@ -372,7 +379,7 @@ def test_sampler_old_logprobs_make_the_same_step_as_a_scoring_pass(tiny_model_di
 
 def test_max_samples_stops_at_an_equal_budget_of_samples(tiny_model_dir, tmp_path):
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=5, max_samples=10,
-                                     value_pretraining=False))  # 8 samples per step: 2 steps reach 10
+                                     value_pretraining=False, **NO_VIEWS))  # 8 samples per step: 2 steps reach 10
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "samples_generated" in r] == [1, 2]
     assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 2]  # the last evaluation at the stop
@@ -384,7 +391,7 @@ def test_evaluation_at_sample_counts(tiny_model_dir, tmp_path):
     2 and 3, not 4 at 32) and at the last; --eval-every is then not used. Every step logs the critic's fit and the
     raw advantage on the first tenth of responses and on the rest."""
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=5, eval_every=1, eval_every_samples=12,
-                                     value_pretraining=False))
+                                     value_pretraining=False, **NO_VIEWS))
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "eval/acc_greedy" in r] == [0, 2, 3, 5]
     steps = [r for r in records if "samples_generated" in r]
@@ -469,7 +476,8 @@ def test_no_policy_gradient_learns_from_the_nll_alone(tiny_model_dir):
 
 
 def test_value_pretraining_switch_and_critic_only(tiny_model_dir, tmp_path):
-    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretraining=False))
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretraining=False,
+                                     **NO_VIEWS))
     assert not any("value_pretrain_step" in r for r in read_metrics(run_dir))
     assert not os.path.exists(os.path.join(run_dir, "critic_pretrained"))
 
@@ -703,10 +711,10 @@ def test_the_paper_preset_in_the_papers_units_and_verls_unstated_choices():
 def test_kl_coef_keeps_a_frozen_initial_policy_and_logs_the_kl(tiny_model_dir, tmp_path):
     """--kl-coef (a lever of the long-chain study, off by default as in the paper): the KL to the initial weights
     is 0 on the first mini-batch and grows once the policy has moved; with 0 no reference exists."""
-    cfg = tiny_config(tiny_model_dir, tmp_path / "kl", kl_coef=0.5, steps=2)
+    cfg = tiny_config(tiny_model_dir, tmp_path / "kl", kl_coef=0.5, steps=2, **NO_VIEWS)
     records = [r for r in read_metrics(vapo.train(cfg)) if "kl_ref" in r]
     assert len(records) == 2 and 0 < records[-1]["kl_ref"] < 1
-    assert "kl_ref" not in read_metrics(vapo.train(tiny_config(tiny_model_dir, tmp_path / "off")))[-1]
+    assert "kl_ref" not in read_metrics(vapo.train(tiny_config(tiny_model_dir, tmp_path / "off", **NO_VIEWS)))[-1]
     with pytest.raises(ValueError, match="--kl-coef"):
         Config(kl_coef=-1.0).validate()
 
