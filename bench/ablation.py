@@ -649,6 +649,8 @@ def main():
                        "--max-new-tokens", "32" if args.preset == "demo" else "48", "--eval-batch-size", held_out]
         if PRESETS[args.preset].get("critic_mini_batch_size"):  # the preset's critic mini-batch: the whole tiny batch
             sweep_args += ["--critic-mini-batch-size", "8"]
+        if args.preset == "demo":  # the demo's sweep never reads the views (only the long one draws them side by
+            sweep_args += ["--no-token-views"]  # side), and drawing them is most of a 2-step row's time
     else:
         sweep_args += ["--eval-every-samples", str(steps * per_step // (args.evaluations or sweep["evaluations"]))]
         sweep_args += ["--eval-prompts", str(sweep["eval_prompts"])] if sweep["eval_prompts"] else []
