@@ -4,7 +4,7 @@
     python vapo.py --preset long        # long chains (10-411 tokens), the critic from a reward model: ~17 min, 1 core
     python vapo.py --model SmolLM2-135M-Instruct.Q4_1.gguf --preset cpu-135m  # a real model on a CPU: ~30 min
     python vapo.py --model Qwen2.5-0.5B --dataset openai/gsm8k --preset gpu-0.5b     # one GPU
-    python vapo.py --help               # every option, with the paper's value
+    python vapo.py --help               # every option: its default (the demo's) and the paper preset's value
 
 VAPO is PPO with a learned critic, made stable on long chains of thought by seven techniques. One run (train):
 
