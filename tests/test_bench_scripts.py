@@ -194,7 +194,7 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     assert vs_trl.learn_plan(tiny) == {"rollouts": 2, "budget": 8} and tiny.eval_every_samples == 4
 
     class Verifier:  # stands for run.verifier_for(cfg): +1 for the answer "7"
-        def score(self, completions, answers):
+        def rewards(self, completions, answers):
             return [1.0 if c == "7" else -1.0 for c in completions]
     generations = []
     fn = vs_trl.verifier_reward(Verifier(), [["p1", "p2"]], generations, eos_ids=[2, 3])
