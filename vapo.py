@@ -177,7 +177,8 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
 
 def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
                 stats: dict) -> dict:
-    """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it)."""
+    """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it). verdicts,
+    rewards, lam_policy [B]; advantages, returns and scored's entries [B, T]; stats: the phases' own figures."""
     mask, every = rollout.response_mask, parallel.all_sum
     record = {"step": step + 1, "reward_mean": parallel.mean(rewards), "train_acc": parallel.mean(verdicts > 0),
               "response_len": parallel.mean(rollout.lengths), "truncated_frac": parallel.mean(rollout.truncated),
