@@ -533,9 +533,9 @@ def sample_part(c: Check, box_s: float) -> dict:
 
 def sharded_process(c: Check, argv: list[str], name: str, seconds: float) -> dict:
     """`python bench/gpu_check.py --sharded-child RECORD -- ARGV` (sharded_child), its output in --out/NAME.log;
-    SIGTERM once `seconds` have passed (it stops after the step under way, with a checkpoint), SIGKILL
-    SHARDED_GRACE_S later. -> its return code, seconds and record."""
-    record = os.path.join(c.workdir, f"{name}.json")
+    SIGTERM once `seconds` have passed (it stops after the step under way, with a checkpoint; before its steps
+    begin, it dies), SIGKILL SHARDED_GRACE_S later. -> its return code, seconds and record."""
+    record, stopped = os.path.join(c.workdir, f"{name}.json"), False
     with socket.socket() as s:  # a free port for its process group
         s.bind(("127.0.0.1", 0))
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]),
@@ -547,6 +547,7 @@ def sharded_process(c: Check, argv: list[str], name: str, seconds: float) -> dic
         try:
             code = proc.wait(timeout=max(seconds, 1))
         except subprocess.TimeoutExpired:
+            stopped = True
             proc.terminate()
             try:
                 code = proc.wait(timeout=SHARDED_GRACE_S)
@@ -558,7 +559,8 @@ def sharded_process(c: Check, argv: list[str], name: str, seconds: float) -> dic
             proc.wait()
             raise
     out = {"returncode": code, "seconds": round(time.perf_counter() - t0, 2), "log": f"{name}.log"}
-    return out | (common.read_json(record) if os.path.exists(record) else {})
+    return out | ({"stopped_at_box": True} if stopped else {}) | (common.read_json(record)
+                                                                   if os.path.exists(record) else {})
 
 
 def sharded_child(record: str, argv: list[str]):
@@ -586,7 +588,8 @@ def sharded_child(record: str, argv: list[str]):
 def sharded_part(c: Check, box_s: float) -> dict:
     """scale/train.py as a world of one (FSDP2, NCCL on a GPU, gloo on a CPU): value pretraining, one RL step and
     their checkpoints (the gathered save, the optimizers' distributed checkpoint), then --resume in a second
-    process for one step more, each with what is left of the box; records in --out/sharded-metrics.jsonl."""
+    process for one step more, each with what is left of the box; records in --out/sharded-metrics.jsonl. A
+    process that did not end by itself with exit 0 leaves the part "stopped at its box" or "failed"."""
     a, run_dir = c.args, os.path.join(c.workdir, "run-sharded")
     mini = math.gcd(a.sharded_prompts * a.sharded_samples, PRESET["mini_batch_size"])
     argv = ["--model", c.folder, "--dataset", "builtin", "--preset", "gpu-0.5b", "--steps", "1",
@@ -603,13 +606,18 @@ def sharded_part(c: Check, box_s: float) -> dict:
         second = (sharded_process(c, ["--resume", run_dir, "--steps", str(steps_first + 1)], "sharded-2", left)
                   if left >= MIN_BOX_S else {"skipped": f"{left:.0f} s of the box left for the resume"})
         saved = os.path.join(run_dir, "checkpoint")
-        return {"steps_after_first": steps_first, "steps_after_resume": steps_done(run_dir),
+        result = {"steps_after_first": steps_first, "steps_after_resume": steps_done(run_dir),
                   "value_pretrain_steps_done": len([r for r in common.read_records(run_dir)
                                                     if "value_pretrain_step" in r]),
                   "checkpoint_holds": sorted(os.listdir(saved)) if os.path.isdir(saved) else [],
                   "first": first, "resume": second, "metrics": keep_metrics(run_dir, a.out, "sharded-metrics.jsonl")}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    for which, p in (("first", first), ("resume", second)):
+        if p.get("returncode", 0) != 0:  # killed at its box (-15: before its steps began), or failed
+            return result | {"status": "stopped at its box" if p.get("stopped_at_box") else "failed",
+                             "error": f"the {which} process ended with exit {p['returncode']}"}
+    return result
 
 
 def evaluation_part(c: Check, box_s: float) -> dict:
