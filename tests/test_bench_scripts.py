@@ -87,7 +87,8 @@ def test_gpu_check_runs_the_sharded_path_as_a_world_of_one(tmp_path):
     value pretraining, one RL step and their checkpoints (the optimizer's distributed checkpoint among them), then
     --resume in a second process for one step more; the run's records kept in --out. A box of 3x the plan's (70 s at
     the default --budget-s): on a loaded 2-core machine the two processes ran past 70 s and the resume was stopped
-    at its box after step 1 (still reported ok); a part that ends sooner uses no more time."""
+    at its box after step 1 (the part then is not ok: test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok);
+    a part that ends sooner uses no more time."""
     gpu_check(tmp_path, "--parts", "sharded", "--budget-s", "1200", "--deadline-s", "1300")
     sharded = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["sharded"]
     assert sharded["status"] == "ok", sharded
@@ -96,6 +97,30 @@ def test_gpu_check_runs_the_sharded_path_as_a_world_of_one(tmp_path):
     assert sharded["first"]["returncode"] == sharded["resume"]["returncode"] == 0
     assert [c["what"] for c in sharded["resume"]["calls"]][0] == "load_checkpoint"
     assert len((tmp_path / "sharded-metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok(tmp_path, monkeypatch):
+    """A sharded process still running at its box gets a SIGTERM; one that then ends with a non-zero exit (-15:
+    killed before its steps began, no checkpoint written) leaves the part "stopped at its box", one that fails on
+    its own "failed"; the part is never reported ok, in the JSON or the summary."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import types
+
+    import gpu_check
+    args = types.SimpleNamespace(sharded_prompts=2, sharded_samples=2, sharded_new_tokens=16, device="cpu", seed=0,
+                                 out=str(tmp_path), budget_s=400, deadline_s=1e9)
+    check = types.SimpleNamespace(args=args, workdir=str(tmp_path), folder="model", device=torch.device("cpu"),
+                                  boxes={"sharded": 100}, disk={"checkpoints_fit": True},
+                                  stops=types.SimpleNamespace(outside=False))
+    report = gpu_check.Report(str(tmp_path), {"machine": "m", "date": "d", "versions": {}})
+    for ends, status, code in (([0, -15], "stopped at its box", -15), ([1, 0], "failed", 1)):
+        ended = iter({"returncode": code, "stopped_at_box": code == -15} for code in ends)
+        monkeypatch.setattr(gpu_check, "sharded_process", lambda c, argv, name, seconds: next(ended))
+        result = gpu_check.run_part(check, "sharded", report)
+        assert result["status"] == status and result["error"].endswith(f"exit {code}"), result
+    report.save()
+    gpu_check.write_summary(report)
+    assert "sharded: failed" in (tmp_path / "gpu_check.txt").read_text()
 
 
 def test_vs_trl_tiny_times_this_projects_contenders(tmp_path):
