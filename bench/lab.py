@@ -233,36 +233,22 @@ def _shares(counts: dict) -> dict:
     return {band: (r / n if n else float("nan")) for band, (r, n) in counts.items()}
 
 
+# drop: _bars _stat_bars _plot_steps _stat _save
+# before: _mean
 def draw_value_pretraining(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for i, bias in enumerate(first["biases"]):
-        for lam_name, style in (("0.95", "-"), ("1", ":")):
-            ys = _mean([r["cells"][f"{bias} lambda {lam_name}"]["long_by_tenth"] for r in results])
-            axes[0].plot(range(5, 100, 10), ys, style, color=f"C{i}", marker="o", ms=3,
-                         label=bias if lam_name == "0.95" else None)
-    axes[0].set_xlabel("position in the response (%), responses of 300+ tokens")
-    axes[0].set_ylabel("advantage shift A(V*+b) - A(V*)")
-    axes[0].set_title("solid: lambda 0.95, dotted: lambda 1 (= -b(t))", fontsize=9)
-    axes[0].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
-    for ax, lam_name in zip(axes[1:], ("0.95", "adaptive")):
-        width = 0.8 / len(first["biases"])
-        for i, bias in enumerate(first["biases"]):
-            ys = _mean([[r["cells"][f"{bias} lambda {lam_name}"]["stop_reversed"][b] for b in STEP_BANDS]
-                        for r in results])
-            ax.bar([j + i * width for j in range(len(STEP_BANDS))], ys, width, color=f"C{i}", label=bias)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(STEP_BANDS))], STEP_BANDS)
-        ax.set_xlabel("problem's steps")
-        ax.set_ylabel("share of on-chain line starts")
-        ax.set_title(f"stopping made to look better, lambda {lam_name}", fontsize=9)
-        ax.set_ylim(0, 1)
-    axes[2].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
-    fig.suptitle("constructed critics V* + b(t), b = offset + slope t/100, before any RL "
-                 f"({len(results)} seed(s))", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    biases = results[0]["biases"]
+    cells = lambda bias, lam, key: [r["cells"][f"{bias} lambda {lam}"][key] for r in results]  # noqa: E731
+    shift = {"title": "advantage shift A(V*+b) - A(V*), responses of 300+ tokens\nsolid: lambda 0.95, dotted: "
+                      "lambda 1 (= -b(t))", "xlabel": "position in the response (%)",
+             "lines": [(range(5, 100, 10), _mean(cells(bias, lam, "long_by_tenth")), style,
+                        dict(color=f"C{i}", marker="o", ms=3, label=bias if lam == "0.95" else None))
+                       for i, bias in enumerate(biases) for lam, style in (("0.95", "-"), ("1", ":"))]}
+    stops = [{"title": f"stopping made to look better, lambda {lam}", "xlabel": "problem's steps",
+              "ylabel": "share of on-chain line starts", "ylim": (0, 1),
+              "bars": (STEP_BANDS, [(bias, _mean([[c[b] for b in STEP_BANDS] for c in cells(bias, lam, "stop_reversed")]),
+                                     None) for bias in biases])} for lam in ("0.95", "adaptive")]
+    draw(path, f"constructed critics V* + b(t), b = offset:slope = offset + slope t/100, before any RL "
+               f"({len(results)} seed(s))", [shift, *stops])
 
 
 # --- 2. decoupled GAE: critic-only fits from a biased start -------------------------------------------------------
@@ -361,26 +347,15 @@ def decoupled_gae(args, seed: int) -> dict:
 
 
 def draw_decoupled(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    band = LENGTH_BAND_NAMES[-1]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, lam in zip(axes, ("0.95", "1")):
-        for j, batches in enumerate(first["checkpoints"]):
-            ys = _mean([r["fits"][lam][j]["residual"][band]["by_fifth"] for r in results])
-            ax.plot(range(10, 100, 20), ys, marker="o", label=f"after {batches} batches")
-        ys = _mean([r["tabular_one_update"][lam][band]["by_fifth"] for r in results])
-        ax.plot(range(10, 100, 20), ys, "k--", label="a table, one exact update (A4)")
-        ax.axhline(0, color="gray", lw=0.5)
-        ax.set_title(f"target lambda {lam}", fontsize=9)
-        ax.set_xlabel(f"position in the response (%), responses of {band} tokens")
-    axes[0].set_ylabel("residual bias V - V* (constructed critic)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"critic-only fits from V* + b, b = {first['bias']} (offset:slope per 100 tokens), "
-                 f"{len(results)} seed(s)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    band, fifths = LENGTH_BAND_NAMES[-1], range(10, 100, 20)
+    panels = [{"title": f"target lambda {lam}", "xlabel": f"position in the response (%), responses of {band} tokens",
+               "ylabel": "residual bias V - V* (constructed critic)", "hline": 0,
+               "lines": [(fifths, _mean([r["fits"][lam][j]["residual"][band]["by_fifth"] for r in results]), "o-",
+                          {"label": f"after {n} batches"}) for j, n in enumerate(results[0]["checkpoints"])]
+               + [(fifths, _mean([r["tabular_one_update"][lam][band]["by_fifth"] for r in results]), "k--",
+                   {"label": "a table, one exact update (A4)"})]} for lam in ("0.95", "1")]
+    draw(path, f"critic-only fits from V* + b, b = {results[0]['bias']} (offset:slope per 100 tokens), "
+               f"{len(results)} seed(s)", panels, sharey=True)
 
 
 # --- 3. length-adaptive GAE: the lambda that best matches V*'s advantages ------------------------------------------
@@ -489,29 +464,16 @@ def length_adaptive(args, seed: int) -> dict:
 
 
 def draw_length_adaptive(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    lengths = [first["bands"][b]["mean_length"] for b in LENGTH_BAND_NAMES]
-    for name in first["critics"]:
-        ys = []
-        for band in LENGTH_BAND_NAMES:
-            hs = [r["critics"][name][band]["best_horizon"] for r in results]
-            ys.append(statistics.mean(10 ** INF_LOG10 if h == "inf" else h for h in hs))
-        ax.plot(lengths, ys, marker="o", label=name)
-    for alpha in (0.05, 0.5):
-        ax.plot(lengths, [max(alpha * n, 1) for n in lengths], "k--", lw=0.8)
-        ax.text(lengths[-1], alpha * lengths[-1], f" paper: H = {alpha} l", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("mean response length of the band (tokens)")
-    ax.set_ylabel("best horizon H = 1/(1 - lambda) (10^4: lambda 1)")
-    ax.set_title("the lambda whose advantages best match V*'s, per length band (constructed critics labelled "
-                 "exact+...)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    lengths = [results[0]["bands"][b]["mean_length"] for b in LENGTH_BAND_NAMES]
+    best = lambda name, band: statistics.mean(10 ** INF_LOG10 if h == "inf" else h for h in  # noqa: E731
+                                              (r["critics"][name][band]["best_horizon"] for r in results))
+    lines = [(lengths, [best(name, b) for b in LENGTH_BAND_NAMES], "o-", {"label": name})
+             for name in results[0]["critics"]]
+    lines += [(lengths, [max(alpha * n, 1) for n in lengths], style, {"lw": 0.8, "label": f"paper: H = {alpha} l"})
+              for alpha, style in ((0.05, "k:"), (0.5, "k--"))]
+    draw(path, "the lambda whose advantages best match V*'s, per length band (constructed critics labelled exact+...)",
+         [{"xlabel": "mean response length of the band (tokens)", "log": True, "lines": lines,
+           "ylabel": "best horizon H = 1/(1 - lambda) (10^4: lambda 1)"}], width=8)
 
 
 # --- the written predictions: docs/lab.md's thresholds, judged on the mean and SE over seeds ------------------------
@@ -892,27 +854,11 @@ def verdicts_clip_higher(s: dict) -> list[tuple[str, str]]:
 
 
 def draw_clip_higher(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for i, e in enumerate(CLIP_ARMS):
-        for key, ax in (("p_right", axes[0]), ("entropy", axes[1])):
-            rows = [r["curves"][e][key] for r in results if r["curves"][e][key]]
-            if rows:
-                n = min(map(len, rows))
-                ax.plot(range(n), _mean([row[:n] for row in rows]), color=f"C{i}", label=f"eps_high {e}")
-        points = [dict(r["curves"][e]["avg@4"]) for r in results]
-        steps = sorted(set.intersection(*(set(p) for p in points))) if points else []
-        axes[2].plot(steps, [statistics.mean(p[k] for p in points) for k in steps], "o-", color=f"C{i}",
-                     label=f"eps_high {e}")
-    axes[0].set(title="p(right tens digit) at the batch's borrow decisions", xlabel="rollout (before its update)")
-    axes[1].set(title="entropy at the borrow decisions (nats)", xlabel="rollout (before its update)")
-    axes[2].set(title="held-out avg@4", xlabel="step")
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"clip-higher (GRPO, 16 optimizer steps a rollout), mean of {len(results)} seeds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    arms = [(e, f"eps_high {e}") for e in CLIP_ARMS]
+    draw(path, f"clip-higher (GRPO, 16 optimizer steps a rollout), mean of {len(results)} seeds", [
+        _steps_panel(results, arms, "p_right", "p(right tens digit) at the batch's borrow decisions", first=0),
+        _steps_panel(results, arms, "entropy", "entropy at the borrow decisions (nats)", first=0),
+        _evals_panel(results, arms, ["avg@4"])])
 
 
 # The final policies of the long-chain experiments, judged on held-out problems, cached in their run folder
@@ -1147,34 +1093,6 @@ def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
              judge(s["length|pretrained-control"], -0.1, 0.1))]
 
 
-def _stat(results: list[dict], key: str) -> tuple[float, float]:
-    return summarise(results).get(key, (math.nan, math.nan))
-
-
-def _bars(ax, results: list[dict], groups: list[str], series: list[tuple[str, str]], title: str) -> None:
-    """Grouped bars: for each group g, one bar per (label, key pattern with {g}), mean +- SE over seeds."""
-    width = 0.8 / len(series)
-    for i, (label, pattern) in enumerate(series):
-        stats = [_stat(results, pattern.format(g=g)) for g in groups]
-        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(groups))], [m for m, _ in stats], width,
-               yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
-    ax.set_xticks(range(len(groups)), groups)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-
-
-def _stat_bars(ax, stats: list[tuple[float, float]], labels: list[str]) -> None:
-    """One bar per (mean, SE) in stats, its SE as the error bar (none where it is NaN), colours C0, C1, ..."""
-    ax.bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
-           color=[f"C{i}" for i in range(len(stats))])
-    ax.set_xticks(range(len(stats)), labels, fontsize=7)
-
-
-def _plot_steps(ax, curve: list[float], **style) -> None:
-    """A per-RL-step curve (step 1 first)."""
-    ax.plot(range(1, len(curve) + 1), curve, **style)
-
-
 def _curve_mean(results: list[dict], arm: str, key: str) -> list[float]:
     rows = [r["curves"][arm][key] for r in results if r["curves"].get(arm, {}).get(key)]
     n = min(map(len, rows)) if rows else 0
@@ -1187,90 +1105,48 @@ def _eval_mean(results: list[dict], arm: str, key: str) -> tuple[list[int], list
     return steps, [statistics.mean(p[k] for p in points) for k in steps]
 
 
-def _save(fig, path: str) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-
-
 def draw_token_level(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    _bars(axes[0], results, list(STEP_BANDS), [("base", "base|habit|{g}"), ("per-sample loss", "per-sample|habit|{g}"),
-                                                ("token-level loss", "token-level|habit|{g}")],
-          "held-out habit rate by step band (forgotten borrows / borrow steps), after 16 steps")
-    axes[0].set_xlabel("problem's steps")
-    for i, (key, label) in enumerate((("per-sample", "per-sample loss"), ("token-level", "token-level loss"))):
-        for part, style in (("1-20", "-"), ("21-40", "--")):
-            _plot_steps(axes[1], _curve_mean(results, key, part), linestyle=style, color=f"C{i + 1}",
-                        label=f"{label}, {part} steps")
-    axes[1].set(title="habit's share of the batch's borrow decisions, per step", xlabel="RL step")
-    axes[1].legend(fontsize=7)
-    fig.suptitle(f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
+    habit = {"title": "held-out habit rate by step band (forgotten borrows / borrow steps), after 16 steps",
+             "xlabel": "problem's steps", "bars": (STEP_BANDS, [(label, *_stats(results, [f"{key}|habit|{b}" for b in
+                                                                                              STEP_BANDS]))
+                                                                 for key, label in (("base", "base"), *TL_ARMS)])}
+    share = {"title": "habit's share of the batch's borrow decisions, per step", "xlabel": "RL step",
+             "lines": [(range(1, len(ys) + 1), ys, style, {"color": f"C{i + 1}", "label": f"{label}, {part} steps"})
+                       for i, (key, label) in enumerate(TL_ARMS) for part, style in (("1-20", "-"), ("21-40", "--"))
+                       for ys in [_curve_mean(results, key, part)]]}
+    draw(path, f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", [habit, share], width=5.5)
 
 
 def draw_group_sampling(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     groups = [g for g, _ in GS_ARMS]
-    for i, (label, pattern) in enumerate((("logged", "{g}|all_same_1"), ("arithmetic", "{g}|all_same_1_predicted"))):
-        stats = [_stat(results, pattern.format(g=g)) for g in groups]
-        axes[0].bar([x + (i - 0.5) * 0.4 for x in range(len(groups))], [m for m, _ in stats], 0.4,
-                    yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
-    axes[0].set_xticks(range(len(groups)), [f"{64 // int(g)} x {g}" for g in groups])
-    axes[0].set(title="share of samples in all-equal groups, step 1", xlabel="prompts x samples a prompt")
-    axes[0].legend(fontsize=7)
-    for i, (g, label) in enumerate(GS_ARMS):
-        _plot_steps(axes[1], _curve_mean(results, g, "all_same"), color=f"C{i}", label=label)
-        axes[2].plot(*_eval_mean(results, g, "avg@2"), "o-", color=f"C{i}", label=label)
-    axes[1].set(title="share in all-equal groups (no GRPO signal), per step", xlabel="RL step")
-    axes[2].set(title="held-out avg@2", xlabel="step")
-    for ax in axes[1:]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"group sampling at 64 samples a step (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
+    share = {"title": "share of samples in all-equal groups, step 1", "xlabel": "prompts x samples a prompt",
+             "bars": ([f"{64 // int(g)} x {g}" for g in groups],
+                      [(label, *_stats(results, [f"{g}|{key}" for g in groups]))
+                       for label, key in (("logged", "all_same_1"), ("arithmetic", "all_same_1_predicted"))])}
+    draw(path, f"group sampling at 64 samples a step (GRPO, --preset long), mean of {len(results)} seeds", [
+        share, _steps_panel(results, GS_ARMS, "all_same", "share in all-equal groups (no GRPO signal), per step"),
+        _evals_panel(results, GS_ARMS, ["avg@2"])])
 
 
 def draw_nll(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    arms = [(k, label) for k, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1"))
-            if f"{k}|entropy_at_decisions" in results[0]["measures"]]
-    stats = [_stat(results, "base|entropy_at_decisions")] + [_stat(results, f"{k}|entropy_at_decisions")
-                                                             for k, _ in arms]
-    _stat_bars(axes[0], stats, ["base"] + [label for _, label in arms])
-    axes[0].set_title("entropy at the borrow decisions of the base's responses (nats)", fontsize=9)
-    for i, (k, label) in enumerate(arms):
-        for key, style in (("avg@2", "o-"), ("pass@2", "s--")):
-            axes[1].plot(*_eval_mean(results, k, key), style, color=f"C{i + 1}", label=f"{label}: {key}")
-        _plot_steps(axes[2], _curve_mean(results, k, "entropy"), color=f"C{i + 1}", label=label)
-    axes[1].set(title="held-out avg@2 and pass@2", xlabel="step")
-    axes[2].set(title="the batch's mean entropy (all response tokens)", xlabel="RL step")
-    for ax in axes[1:]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"positive-example NLL (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
+    arms = [(k, label) for k, label in NLL_ARMS if f"{k}|entropy_at_decisions" in results[0]["measures"]]
+    entropy = {"title": "entropy at the borrow decisions of the base's responses (nats)",
+               "bars": (["base"] + [label for _, label in arms],
+                        [(None, *_stats(results, [f"{k}|entropy_at_decisions" for k, _ in [("base", ""), *arms]]))])}
+    draw(path, f"positive-example NLL (GRPO, --preset long), mean of {len(results)} seeds", [
+        entropy, _evals_panel(results, arms, ["avg@2", "pass@2"], first_color=1),
+        _steps_panel(results, arms, "entropy", "the batch's mean entropy (all response tokens)", first_color=1)])
 
 
 def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for i, (key, label) in enumerate(VP_ARMS):
-        for ax, name in ((axes[0], "length"), (axes[1], "advantage_first_tenth")):
-            _plot_steps(ax, _curve_mean(results, key, name), color=f"C{i}", label=label)
-    stats = [_stat(results, f"{key}|length_change_21_40") for key, _ in VP_ARMS]
-    _stat_bars(axes[2], stats, ["falling, no VP", "falling, VP", "V* alone"])
-    axes[2].axhline(-0.3, color="k", lw=0.5, ls=":")
-    axes[0].set(title="the batch's mean response length (tokens)", xlabel="RL step")
-    axes[1].set(title="mean advantage on each response's first tenth", xlabel="RL step")
-    axes[2].set_title("held-out length, 21-40 steps: change from the base\n(dotted: the -30% predicted)", fontsize=9)
-    axes[2].set_ylim(-0.35, 0.05)
-    for ax in axes[:2]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds",
-                 fontsize=9)
-    _save(fig, path)
+    change = {"title": "held-out length, 21-40 steps: change from the base\n(dotted: the -30% predicted)",
+              "hline": -0.3, "ylim": (-0.35, 0.05),
+              "bars": (["falling, no VP", "falling, VP", "V* alone"],
+                       [(None, *_stats(results, [f"{key}|length_change_21_40" for key, _ in VP_ARMS]))])}
+    draw(path, f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds", [
+        _steps_panel(results, VP_ARMS, "length", "the batch's mean response length (tokens)"),
+        _steps_panel(results, VP_ARMS, "advantage_first_tenth", "mean advantage on each response's first tenth"),
+        change])
 
 
 RL_JUDGES = {"clip-higher": (measure_clip_higher, verdicts_clip_higher, draw_clip_higher),
@@ -1416,6 +1292,64 @@ def main(argv=None):
                "sizes": {k: getattr(args, k) for k in FULL}, "note": note,
                "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
     return publish(summary, results, out, draw)
+
+
+def draw(path: str, title: str, panels: list[dict], width: float = 4.6, **subplots) -> None:
+    """One figure of panels side by side, each a dict: title, xlabel, ylabel; lines [(xs, ys, format, plot
+    options)]; bars (tick labels, [(label, means, SEs or None)]): grouped bars, one series without a label coloured bar
+    by bar; hline (a level drawn dotted), ylim, log (both axes)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 3.9), squeeze=False, **subplots)
+    for ax, p in zip(axes[0], panels):
+        for xs, ys, fmt, options in p.get("lines", []):
+            ax.plot(xs, ys, fmt, **options)
+        ticks, series = p.get("bars", ((), ()))
+        w = 0.8 / max(len(series), 1)
+        for i, (label, means, ses) in enumerate(series):
+            ax.bar([x + (i - (len(series) - 1) / 2) * w for x in range(len(ticks))], means, w, label=label,
+                   yerr=None if ses is None else [se if se == se else 0 for se in ses],
+                   color=f"C{i}" if label else [f"C{k}" for k in range(len(means))])
+        if ticks:
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+        if "hline" in p:
+            ax.axhline(p["hline"], color="k", lw=0.5, ls=":")
+        if p.get("log"):
+            ax.set(xscale="log", yscale="log")
+        ax.set(xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""), **({"ylim": p["ylim"]} if "ylim" in p else {}))
+        ax.set_title(p.get("title", ""), fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _stats(results: list[dict], keys: list[str]) -> tuple[list[float], list[float]]:
+    """The means and SEs over seeds of the measures keys."""
+    s = summarise(results)
+    return [s.get(k, (math.nan, math.nan))[0] for k in keys], [s.get(k, (math.nan, math.nan))[1] for k in keys]
+
+
+def _steps_panel(results, arms, key, title, first=1, first_color=0) -> dict:
+    """A panel of one per-step curve (mean over seeds) for each (arm, label); x from `first`."""
+    lines = [(range(first, first + len(ys)), ys, "-", {"color": f"C{i + first_color}", "label": label})
+             for i, (arm, label) in enumerate(arms) for ys in [_curve_mean(results, arm, key)]]
+    return {"title": title, "xlabel": "RL step" if first else "rollout (before its update)", "lines": lines}
+
+
+def _evals_panel(results, arms, keys, first_color=0) -> dict:
+    """A panel of the held-out evaluations keys (mean over seeds) for each (arm, label)."""
+    return {"title": "held-out " + " and ".join(keys), "xlabel": "step",
+            "lines": [(*_eval_mean(results, arm, key), "o-" if j == 0 else "s--",
+                       {"color": f"C{i + first_color}", "label": label + (f": {key}" if len(keys) > 1 else "")})
+                      for i, (arm, label) in enumerate(arms) for j, key in enumerate(keys)]}
+
+
+TL_ARMS = (("per-sample", "per-sample loss"), ("token-level", "token-level loss"))
+
+
+NLL_ARMS = (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1"))
 
 
 def _mean(rows: list[list[float]]) -> list[float]:
