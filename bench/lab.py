@@ -508,77 +508,123 @@ VP_TABLE = {  # docs/lab.md experiment 1, prediction 3: (lo, hi) per step band o
     "0:0.5": ((0, 0),) * 4, "0.5:0": ((0, 0),) * 4, "0:0": ((0, 0),) * 4}
 
 
-def verdicts_value_pretraining(s: dict) -> list[tuple[str, str]]:
-    out = []
-    diffs = [judge(v, hi=1e-4) for k, v in s.items() if k.endswith("max_abs_difference")]
-    out.append(("1. measured shifts = (A1)-(A2) within 1e-4, every bias and lambda", combine(diffs)))
-    ones = [judge(v, 0, 0) for k, v in s.items() if "|1|" in k and ("|stop|" in k or "|eos|" in k)]
-    out.append(("2. lambda 1 reverses no decision", combine(ones)))
+# before: Stats
+def check(s: dict, keys, lo=None, hi=None) -> str:
+    """judge() of a measure (a key of s), of a paired difference (a, b), or of a list of these, all within [lo, hi];
+    "no difference" as lo: a null, confirmed unless the measure is more than 2 SE from 0."""
+    if isinstance(keys, list):
+        return combine([check(s, k, lo, hi) for k in keys])
+    stat = _diff(s, *keys) if isinstance(keys, tuple) else s.get(keys, (math.nan, 0.0))
+    if lo == "no difference":
+        verdict = judge(stat, 0, 0)
+        return verdict if verdict in ("not measured", "falsified") else "confirmed"
+    return judge(stat, lo, hi)
+
+
+def _predictions_value_pretraining(s: dict) -> list[tuple[str, str]]:
+    out = [("1. measured shifts = (A1)-(A2) within 1e-4, every bias and lambda",
+            check(s, [k for k in s if k.endswith("max_abs_difference")], hi=1e-4)),
+           ("2. lambda 1 reverses no decision", check(s, [k for k in s if "|1|" in k and ("|stop|" in k or "|eos|" in k)],
+                                                       0, 0))]
     for bias, ranges in VP_TABLE.items():
-        cells = [judge(s.get(f"{bias}|0.95|stop|{band}", (math.nan, 0)), lo, hi) for band, (lo, hi) in
-                 zip(STEP_BANDS, ranges)]
-        out.append((f"3. lambda 0.95, {bias}: stop reversed in the table's ranges", combine(cells)))
+        out.append((f"3. lambda 0.95, {bias}: stop reversed in the table's ranges",
+                    combine([check(s, f"{bias}|0.95|stop|{b}", lo, hi) for b, (lo, hi) in zip(STEP_BANDS, ranges)])))
         if bias in ("0:-0.5", "0:-0.25", "-0.5:0.125"):
-            more = [judge(_diff(s, f"{bias}|adaptive|stop|{band}", f"{bias}|0.95|stop|{band}"), lo=0)
-                    for band in STEP_BANDS[2:]]
-            out.append((f"3. adaptive lambda, {bias}: at least lambda 0.95's share at 21-40 steps", combine(more)))
+            out.append((f"3. adaptive lambda, {bias}: at least lambda 0.95's share at 21-40 steps",
+                        check(s, [(f"{bias}|adaptive|stop|{b}", f"{bias}|0.95|stop|{b}") for b in STEP_BANDS[2:]], 0)))
     for bias in ("0:0.5", "0.5:0"):
-        cells = [judge(_diff(s, f"{bias}|0.95|eos|{band}", f"wrong|{band}"), -0.02, 0.02) for band in STEP_BANDS]
         out.append((f"4. lambda 0.95, {bias}: going on at EOS looks better on every wrong response, no right one",
-                    combine(cells)))
+                    check(s, [(f"{bias}|0.95|eos|{b}", f"wrong|{b}") for b in STEP_BANDS], -0.02, 0.02)))
     for bias in ("0:-0.5", "0:-0.25", "0:0"):
-        cells = [judge(s.get(f"{bias}|0.95|eos|{band}", (math.nan, 0)), 0, 0) for band in STEP_BANDS]
-        out.append((f"4. lambda 0.95, {bias}: going on at EOS never looks better", combine(cells)))
+        out.append((f"4. lambda 0.95, {bias}: going on at EOS never looks better",
+                    check(s, [f"{bias}|0.95|eos|{b}" for b in STEP_BANDS], 0, 0)))
     return out
 
 
-def verdicts_decoupled(s: dict, bias: str) -> list[tuple[str, str]]:
-    if bias != "0.5:0":
+def _predictions_decoupled(s: dict) -> list[tuple[str, str]]:
+    if s.per_seed[0]["bias"] != "0.5:0":
         return [("no written prediction for this bias (docs/lab.md writes it for 0.5:0)", "not judged")]
     long = LENGTH_BAND_NAMES[-1]
-    ones = [judge(s[f"1|{band}|{k}"], -0.1, 0.1) for band in LENGTH_BAND_NAMES for k in range(FIFTHS)
-            if s[f"1|{band}|tokens"][0] >= 500]
     spread = [s[f"1|{long}|{k}"][0] for k in range(FIFTHS)]
-    ones.append("confirmed" if max(spread) - min(spread) <= 0.1 else "falsified")
+    ones = [check(s, f"1|{band}|{k}", -0.1, 0.1) for band in LENGTH_BAND_NAMES for k in range(FIFTHS)
+            if s[f"1|{band}|tokens"][0] >= 500]
     return [("1. lambda 1: residual <= 0.1 in every fifth of every band of >= 500 tokens, fifths of 300+ within 0.1",
-             combine(ones)),
+             combine(ones + ["confirmed" if max(spread) - min(spread) <= 0.1 else "falsified"])),
             ("2. lambda 0.95: the first fifth of 300+-token responses keeps >= 0.25, more than lambda 1 there",
-             combine([judge(s[f"0.95|{long}|0"], lo=0.25), judge(_diff(s, f"0.95|{long}|0", f"1|{long}|0"), lo=0)])),
+             combine([check(s, f"0.95|{long}|0", 0.25), check(s, (f"0.95|{long}|0", f"1|{long}|0"), 0)])),
             ("3. lambda 0.95: first fifth of 300+ above its last fifth by > 0.05",
-             judge(_diff(s, f"0.95|{long}|0", f"0.95|{long}|4"), lo=0.05))]
+             check(s, (f"0.95|{long}|0", f"0.95|{long}|4"), 0.05))]
 
 
-def verdicts_length_adaptive(s: dict, critics) -> list[tuple[str, str]]:
+def _predictions_length_adaptive(s: dict) -> list[tuple[str, str]]:
     bands = [b for b in LENGTH_BAND_NAMES if s.get(f"band|{b}|tokens", (0, 0))[0] >= 1000]
-    out = []
-    if "exact" in critics:
-        out.append(("1. exact: best lambda 0 and correlation 1 in every band",
-                    combine([judge(s[f"exact|{b}|lambda"], 0, 0) for b in bands]
-                            + [judge(s[f"exact|{b}|corr_at_0"], lo=0.999) for b in bands])))
-    for name in [c for c in critics if c.startswith("exact+bias:")]:
-        out.append((f"2. {name}: best lambda 0 in every band", combine([judge(s[f"{name}|{b}|lambda"], 0, 0)
-                                                                         for b in bands])))
-    for name in [c for c in critics if c.startswith("exact+noise:")]:
-        sigma = float(name.split(":")[1])
+    out = [("1. exact: best lambda 0 and correlation 1 in every band",
+            combine([check(s, [f"exact|{b}|lambda" for b in bands], 0, 0),
+                     check(s, [f"exact|{b}|corr_at_0" for b in bands], 0.999)]))]
+    out += [(f"2. {name}: best lambda 0 in every band", check(s, [f"{name}|{b}|lambda" for b in bands], 0, 0))
+            for name in LA_CRITICS if name.startswith("exact+bias:")]
+    for name in [c for c in LA_CRITICS if c.startswith("exact+noise:")]:
         cells = []
         for b in bands:
-            predicted = math.log10(noise_horizon(sigma, s[f"band|{b}|v"][0]))
-            cells.append(judge(s[f"{name}|{b}|log10_horizon"], predicted - math.log10(2), predicted + math.log10(2)))
+            predicted = math.log10(noise_horizon(float(name.split(":")[1]), s[f"band|{b}|v"][0]))
+            cells.append(check(s, f"{name}|{b}|log10_horizon", predicted - math.log10(2), predicted + math.log10(2)))
         if len(bands) >= 2:
-            cells.append(judge(_diff(s, f"{name}|{bands[-1]}|log10_horizon", f"{name}|{bands[0]}|log10_horizon"), lo=0))
+            cells.append(check(s, (f"{name}|{bands[-1]}|log10_horizon", f"{name}|{bands[0]}|log10_horizon"), 0))
         out.append((f"3. {name}: best H within 2x of sigma-over-v's in every band, rising with length", combine(cells)))
-    for name in [c for c in critics if c in ("floor", "builtin-long-rm", "pretrained")]:
-        out.append((f"4. {name}: best lambda >= 0.98 in every band", combine([judge(s[f"{name}|{b}|lambda"], lo=0.98)
-                                                                              for b in bands])))
-    for name in [c for c in critics if c in ("builtin-long-rm", "pretrained")]:
-        if len(bands) < 2:
-            continue
+    out += [(f"4. {name}: best lambda >= 0.98 in every band", check(s, [f"{name}|{b}|lambda" for b in bands], 0.98))
+            for name in ("floor", "builtin-long-rm", "pretrained")]
+    for name in ("builtin-long-rm", "pretrained") if len(bands) >= 2 else ():
         alphas = [10 ** s[f"{name}|{b}|log10_horizon"][0] / s[f"band|{b}|mean_length"][0] for b in bands]
         law = (s[f"{name}|{bands[0]}|lambda"][0] <= 0.9 and s[f"{name}|{bands[-1]}|lambda"][0] >= 0.98
                and max(alphas) <= 2 * min(alphas))
         out.append((f"5. the paper's law (one alpha, lambda rising with length) does not describe {name}",
                     "falsified" if law else "confirmed"))
     return out
+
+
+def _predictions_token_level(s: dict) -> list[tuple[str, str]]:
+    ratio = {k: s[f"{k}|long_over_short"] for k, _ in TL_ARMS}
+    issue = ratio["per-sample"][0] < 0.5 and ratio["token-level"][0] >= 0.8
+    return [("1. long bands' (21-40) habit decline per exposure >= 0.7 of the short bands' (1-20), both arms",
+             "falsified" if issue else check(s, [f"{k}|long_over_short" for k in ratio], 0.7)),
+            ("2. the habit falls at least as fast overall under the per-sample loss",
+             check(s, "decline|per-sample-token-level", 0)),
+            ("3. misreads at 27-40 steps: the two losses not separated",
+             check(s, "lookup_27_40|per-sample-token-level", "no difference"))]
+
+
+# docs/lab.md's written predictions, judged on the mean and SE over seeds: {experiment: s -> [(text, verdict)]}
+PREDICTIONS = {
+    "value-pretraining": _predictions_value_pretraining,
+    "decoupled-gae": _predictions_decoupled,
+    "length-adaptive": _predictions_length_adaptive,
+    "clip-higher": lambda s: [
+        *[(f"1. eps_high {e}: the right digit grows by at most 1 + eps_high + 0.1 where the bound was reached",
+           check(s, f"{e}|growth_binding", hi=1 + float(e) + 0.1)) for e in CLIP_ARMS],
+        ("1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2", check(s, ["rise6|0.4-0.28", "rise6|0.28-0.2"], 0)),
+        ("2. entropy at borrow decisions rises over the first 3 rollouts (p(right) below 1/2), every arm",
+         check(s, [f"{e}|dH3" for e in CLIP_ARMS], 0)),
+        ("2. the issue's: entropy at decisions falls faster at 0.2 than at 0.28 from the start (6 rollouts; the page "
+         "expects this to fail)", check(s, "dH6|0.2-0.28", hi=0)),
+        ("3. avg@4 at step 6 ordered 0.4 >= 0.28 >= 0.2", check(s, ["avg@4_6|0.4-0.28", "avg@4_6|0.28-0.2"], 0))],
+    "token-level": _predictions_token_level,
+    "group-sampling": lambda s: [
+        ("1. step 1's share of all-equal groups within 0.1 of the arithmetic, every G",
+         check(s, [f"{g}|all_same_1_miss" for g, _ in GS_ARMS], -0.1, 0.1)),
+        ("2. avg@2 at the end: G = 8 above G = 2", check(s, "avg@2|8-2", 0)),
+        ("2. G = 32 against G = 8 (no prediction: recorded)", "not judged"),
+        *([("3. VAPO at G = 1 and G = 8 not separated", check(s, "avg@2|vapo8-vapo1", "no difference"))]
+          if "avg@2|vapo8-vapo1" in s else [])],
+    "nll": lambda s: [
+        ("1. entropy at borrow decisions falls more with the NLL", check(s, "entropy_fall|nll-grpo", 0)),
+        ("2. avg@2 gains at least 5 points more with the NLL", check(s, "avg@2_gain|nll-grpo", 0.05)),
+        ("2. pass@2 - avg@2 shrinks more with the NLL (sharpening)", check(s, "gap_change|nll-grpo", hi=0))],
+    "value-pretraining-rl": lambda s: [
+        ("falling bias, no value pretraining: 21-40-step responses at least 30% shorter than the base's",
+         check(s, "falling|length_change_21_40", hi=-0.3)),
+        ("... and shorter than the control's", check(s, "length|falling-control", hi=0)),
+        ("with value pretraining: within 10% of the control's length", check(s, "length|pretrained-control", -0.1, 0.1))],
+}
 
 
 class Stats(dict):
@@ -803,7 +849,7 @@ def _eval_at(folder: str, step: int, key: str) -> float:
 CLIP_ARMS = ("0.2", "0.28", "0.4")
 
 
-def measure_clip_higher(arms: dict[str, str]) -> dict:
+def measure_clip_higher(arms: dict[str, str], base: dict) -> dict:
     """One seed's clip-higher measures (docs/lab.md, experiment 4) from its three arms' decisions.jsonl and evaluations:
     per arm the growth of the right digit's probability at decisions where the clip bound was reached (pooled over
     steps), the share of pushed decisions that reached it, the rise of p(right) over the first 6 rollouts, the change
@@ -837,20 +883,6 @@ def measure_clip_higher(arms: dict[str, str]) -> dict:
         m[f"avg@4_6|{hi}-{lo}"] = m[f"{hi}|avg@4_6"] - m[f"{lo}|avg@4_6"]
     m["dH6|0.2-0.28"] = m["0.2|dH6"] - m["0.28|dH6"]
     return {"measures": m, "curves": curves}
-
-
-def verdicts_clip_higher(s: dict) -> list[tuple[str, str]]:
-    out = [(f"1. eps_high {e}: the right digit grows by at most 1 + eps_high + 0.1 where the bound was reached",
-            judge(s[f"{e}|growth_binding"], hi=1 + float(e) + 0.1)) for e in CLIP_ARMS]
-    out.append(("1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2",
-                combine([judge(s["rise6|0.4-0.28"], lo=0), judge(s["rise6|0.28-0.2"], lo=0)])))
-    out.append(("2. entropy at borrow decisions rises over the first 3 rollouts (p(right) below 1/2), every arm",
-                combine([judge(s[f"{e}|dH3"], lo=0) for e in CLIP_ARMS])))
-    out.append(("2. the issue's: entropy at decisions falls faster at 0.2 than at 0.28 from the start (6 rollouts; "
-                "the page expects this to fail)", judge(s["dH6|0.2-0.28"], hi=0)))
-    out.append(("3. avg@4 at step 6 ordered 0.4 >= 0.28 >= 0.2",
-                combine([judge(s["avg@4_6|0.4-0.28"], lo=0), judge(s["avg@4_6|0.28-0.2"], lo=0)])))
-    return out
 
 
 def draw_clip_higher(results: list[dict], path: str) -> None:
@@ -930,22 +962,6 @@ def measure_token_level(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_token_level(s: dict) -> list[tuple[str, str]]:
-    ratio = {k: s[f"{k}|long_over_short"] for k in ("per-sample", "token-level")}
-    issue = ratio["per-sample"][0] < 0.5 and ratio["token-level"][0] >= 0.8
-    return [("1. long bands' (21-40) habit decline per exposure >= 0.7 of the short bands' (1-20), both arms",
-             "falsified" if issue else combine([judge(ratio[k], lo=0.7) for k in ratio])),
-            ("2. the habit falls at least as fast overall under the per-sample loss",
-             judge(s["decline|per-sample-token-level"], lo=0)),
-            ("3. misreads at 27-40 steps: the two losses not separated", _null(s["lookup_27_40|per-sample-token-level"]))]
-
-
-def _null(stat) -> str:
-    """A prediction of no difference: confirmed when the difference is within 2 SE of 0, falsified when not."""
-    verdict = judge(stat, 0, 0)
-    return "not measured" if verdict == "not measured" else "falsified" if verdict == "falsified" else "confirmed"
-
-
 P_BASE = {"1-10": 0.71, "11-20": 0.22, "21-30": 0.04, "31-40": 0.005}  # docs/lab.md experiment 6's arithmetic
 GS_ARMS = (("2", "GRPO 32 prompts x 2"), ("8", "GRPO 8 prompts x 8"), ("32", "GRPO 2 prompts x 32"))
 
@@ -994,16 +1010,6 @@ def _end(m: dict, key: str, folder: str) -> None:
         short = name.removeprefix("acc_")
         m[f"{key}|{short}_start"] = evals[0].get(f"eval/{name}", math.nan) if evals else math.nan
         m[f"{key}|{short}_end"] = evals[-1].get(f"eval/{name}", math.nan) if evals else math.nan
-
-
-def verdicts_group_sampling(s: dict) -> list[tuple[str, str]]:
-    out = [("1. step 1's share of all-equal groups within 0.1 of the arithmetic, every G",
-            combine([judge(s[f"{g}|all_same_1_miss"], -0.1, 0.1) for g, _ in GS_ARMS])),
-           ("2. avg@2 at the end: G = 8 above G = 2", judge(s["avg@2|8-2"], lo=0)),
-           ("2. G = 32 against G = 8 (no prediction: recorded)", "not judged")]
-    if "avg@2|vapo8-vapo1" in s:
-        out.append(("3. VAPO at G = 1 and G = 8 not separated", _null(s["avg@2|vapo8-vapo1"])))
-    return out
 
 
 def policy_path(folder: str) -> str:
@@ -1055,12 +1061,6 @@ def measure_nll(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_nll(s: dict) -> list[tuple[str, str]]:
-    return [("1. entropy at borrow decisions falls more with the NLL", judge(s["entropy_fall|nll-grpo"], lo=0)),
-            ("2. avg@2 gains at least 5 points more with the NLL", judge(s["avg@2_gain|nll-grpo"], lo=0.05)),
-            ("2. pass@2 - avg@2 shrinks more with the NLL (sharpening)", judge(s["gap_change|nll-grpo"], hi=0))]
-
-
 VP_ARMS = (("falling", "falling slope -0.5, no value pretraining"), ("pretrained", "falling slope -0.5, value "
            "pretraining"), ("control", "V* alone (control)"))
 
@@ -1083,14 +1083,6 @@ def measure_value_pretraining_rl(arms: dict[str, str], base: dict) -> dict:
     m["length|falling-control"] = m["falling|length_change_21_40"] - m["control|length_change_21_40"]
     m["length|pretrained-control"] = m["pretrained|length_change_21_40"] - m["control|length_change_21_40"]
     return {"measures": m, "curves": curves}
-
-
-def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
-    return [("falling bias, no value pretraining: 21-40-step responses at least 30% shorter than the base's",
-             judge(s["falling|length_change_21_40"], hi=-0.3)),
-            ("... and shorter than the control's", judge(s["length|falling-control"], hi=0)),
-            ("with value pretraining: within 10% of the control's length",
-             judge(s["length|pretrained-control"], -0.1, 0.1))]
 
 
 def _curve_mean(results: list[dict], arm: str, key: str) -> list[float]:
@@ -1149,12 +1141,11 @@ def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
         change])
 
 
-RL_JUDGES = {"clip-higher": (measure_clip_higher, verdicts_clip_higher, draw_clip_higher),
-             "token-level": (measure_token_level, verdicts_token_level, draw_token_level),
-             "group-sampling": (measure_group_sampling, verdicts_group_sampling, draw_group_sampling),
-             "nll": (measure_nll, verdicts_nll, draw_nll),
-             "value-pretraining-rl": (measure_value_pretraining_rl, verdicts_value_pretraining_rl,
-                                      draw_value_pretraining_rl)}
+RL_JUDGES = {"clip-higher": (measure_clip_higher, draw_clip_higher),
+             "token-level": (measure_token_level, draw_token_level),
+             "group-sampling": (measure_group_sampling, draw_group_sampling),
+             "nll": (measure_nll, draw_nll),
+             "value-pretraining-rl": (measure_value_pretraining_rl, draw_value_pretraining_rl)}
 
 
 def rl_base(name: str, out: str) -> dict:
@@ -1177,7 +1168,7 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
     if name not in RL_JUDGES:
         print(f"{name}: no judge yet (docs/lab.md: left to do)")
         return None
-    measure, verdicts_of, draw = RL_JUDGES[name]
+    measure, draw = RL_JUDGES[name]
     per_seed, missing, base = [], [], None
     for seed in seeds:
         arms = {label.rsplit(", seed ", 1)[0]: output_dir(options) for label, options in
@@ -1188,7 +1179,7 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
             continue
         if base is None:
             base = rl_base(name, out)
-        result = measure(arms) if name == "clip-higher" else measure(arms, base)
+        result = measure(arms, base)
         result.update(seed=seed, wall_seconds={label: _wall(f) for label, f in arms.items()})
         per_seed.append(result)
     if missing:
@@ -1196,7 +1187,7 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
     if not per_seed:
         return None
     stats = summarise(per_seed)
-    verdicts = verdicts_of(stats)
+    verdicts = PREDICTIONS[name](stats)
     note = "one seed: no standard error" if len(per_seed) < 2 else ""
     summary = {"name": name, "date": common.now(), "machine": common.machine(),
                "seeds": [r["seed"] for r in per_seed], "note": note, "per_seed": per_seed,
@@ -1280,12 +1271,7 @@ def main(argv=None):
         common.write_json(path, result)
         print(f"  seed {seed} done", flush=True)
     stats = summarise(results)
-    if args.name == "value-pretraining":
-        verdicts = verdicts_value_pretraining(stats)
-    elif args.name == "decoupled-gae":
-        verdicts = verdicts_decoupled(stats, args.bias)
-    else:
-        verdicts = verdicts_length_adaptive(stats, args.critics)
+    verdicts = PREDICTIONS[args.name](stats)
     note = (f"smaller than the written setup ({', '.join(smaller)}): a smoke run, not a result" if smaller else
             "one seed: no standard error" if len(args.seeds) < 2 else "")
     summary = {"name": args.name, "date": common.now(), "machine": common.machine(), "seeds": args.seeds,
