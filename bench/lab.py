@@ -1,22 +1,18 @@
 """The mechanism lab (issue 47): each of VAPO's techniques seen acting on the failure it was made for, in a controlled,
-labelled setup on the built-in task and its shipped models. docs/lab.md holds each experiment's failure, setup,
-signature, prediction (committed before any run) and what would falsify it; PREDICTIONS below are its thresholds.
+labelled setup on the built-in task and its shipped models. docs/lab.md gives each experiment's failure, setup,
+prediction (committed before any run), what would falsify it, and its results; PREDICTIONS below are its thresholds.
 
-    python bench/lab.py value-pretraining [--seeds 0 1 2]   # a critic V* + a sloped bias: its advantages before RL
-    python bench/lab.py decoupled-gae [--seeds 0 1 2]       # critic-only fits from V* + bias, target lambda 0.95 vs 1
-    python bench/lab.py length-adaptive [--seeds 0 1 2]     # the lambda that best matches V*'s advantages, per band
-    python bench/lab.py value-pretraining-rl | clip-higher | token-level | group-sampling | nll [--seeds ...]
-                                                            # the RL experiments: print their vapo.py runs, run nothing
+    python bench/lab.py value-pretraining | decoupled-gae | length-adaptive [--seeds 0 1 2] [--report]
+    python bench/lab.py value-pretraining-rl | clip-higher | token-level | group-sampling | nll [--seeds 0 1 2]
+                        [--extension] [--run [--jobs 2] | --report]   # with neither: print the planned vapo.py runs
+    python bench/lab.py record -- VAPO.PY OPTIONS                     # one such run, writing its decisions.jsonl
 
-Each analysis writes NAME.json (every seed's figures, and their mean and standard error over seeds) and NAME.png into
---out (default runs/lab/NAME), and prints its verdict against the written prediction: confirmed / falsified / not
-separated (docs/lab.md, "Verdicts"). Smaller sizes than the written setup (--prompts, --batches ...) say so: a smoke
-run, not a result.
-
-The critics here are constructed references, labelled so: V* (exact_values.ExactValues, the exact values of the sampling
-policy, fitted on another sample set of it) plus a bias b(t) = offset + slope * t / 100 of a known shape, or plus
-noise; where a critic must learn, V = V* + b + h with h a value network whose head starts at zero, trained by the
-trainer's own critic step (vapo.update) on the targets minus V* + b.
+Each experiment writes NAME.json (every seed's measures, their mean and SE over seeds, and the verdicts against the
+written prediction: confirmed / falsified / not separated) and NAME.png into --out (default runs/lab/NAME); an
+analysis also NAME-sSEED.json per seed, and sizes below the written setup's make it a smoke run, not a result. The
+critics are constructed references, labelled so: V* (exact_values.ExactValues) plus a bias of known shape
+b(t) = offset + slope * t / 100, or plus noise; where a critic must learn, V = V* + b + h, h a value network whose
+head starts at zero, trained by the trainer's own critic step.
 """
 from __future__ import annotations
 
@@ -40,33 +36,32 @@ import vapo
 from common import fitted_exact, folder_of, held_out, sample_set, token_ends
 from data import prompt_batch
 from engines import HFEngine
+from exact_values import bias_values
 from gae import gae, length_adaptive_lambda, terminal_rewards
 from losses import first_tenth_mask
 from models import load_tokenizer, load_value_model, zero_head
 from plots import read_jsonl
 from rollout import response_logprobs, score_rollout
-from exact_values import bias_values
 
+POLICY, CRITIC = "builtin-long", "builtin-long-rm"  # the long chains' base policy, and its outcome reward model
 ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
 LENGTH_BANDS = ((1, 50), (50, 100), (100, 200), (200, 300), (300, 10_000))  # response length in tokens, [lo, hi)
+LENGTH_BAND_NAMES = [f"{lo}+" if hi > 1000 else f"{lo}-{hi - 1}" for lo, hi in LENGTH_BANDS]
 STEP_BANDS = ("1-10", "11-20", "21-30", "31-40")  # task.band_of(n_steps)
 FIFTHS = 5
 
 
-# --- the constructed critics ---------------------------------------------------------------------------------------
+# --- the constructed critics, and the batch they are judged on ---------------------------------------------------
 def parse_bias(text: str) -> tuple[float, float]:
-    """"OFFSET:SLOPE" -> (offset, slope): b(t) = offset + slope * t / 100 (slope per 100 tokens)."""
+    """"OFFSET:SLOPE" -> (offset, slope) of b(t) = offset + slope * t / 100."""
     offset, slope = text.split(":")
     return float(offset), float(slope)
 
 
 def predicted_shift(lengths: torch.Tensor, T: int, offset: float, slope: float, lam) -> torch.Tensor:
-    """(A1) of docs/lab.md, in closed form: how much GAE(lambda) of V* + b exceeds GAE(lambda) of V*, token by token,
-
-        dA_t = (slope/100) (1 - lambda^d) / (1 - lambda) - lambda^d b(l - 1),    d = l - 1 - t
-
-    (at lambda = 1 the fraction is d, and dA_t = -b(t)). lengths [B], lam a float or [B]. Returns [B, T], 0 past each
-    response's end. Written from the algebra, not from gae(), so that the two check each other."""
+    """(A1) of docs/lab.md in closed form, [B, T] (0 past each end): GAE(lambda) of V* + b minus GAE(lambda) of V*,
+    dA_t = (slope/100) (1 - lambda^d) / (1 - lambda) - lambda^d b(l - 1) with d = l - 1 - t (at lambda 1 the fraction
+    is d). lam a float or [B]. Written from the algebra, not from gae(), so that the two check each other."""
     B = lengths.shape[0]
     lam = torch.as_tensor(lam, dtype=torch.float64).expand(B)[:, None]  # [B, 1]
     length = lengths.to(torch.float64)[:, None]  # [B, 1]
@@ -85,36 +80,27 @@ def noisy_values(star: torch.Tensor, mask: torch.Tensor, sigma: float, seed: int
     return (star + sigma * torch.randn(star.shape, generator=g)) * mask
 
 
-# --- the responses, and the references -----------------------------------------------------------------------------
-def reference_set(policy: str, prompts: int, samples: int, seed: int) -> dict:
-    """The fixed batch the analyses judge: `samples` responses to each of `prompts` held-out problems of `policy`
-    (common.sample_set), V* and the step-count floor fitted on another set of the same size (common.fitted_exact)."""
-    _, rollout, rewards, _ = sample_set(policy, prompts, samples, seed)
-    exact = fitted_exact(policy, prompts, samples, seed)
+def reference_set(prompts: int, samples: int, seed: int) -> dict:
+    """The batch the analyses judge (common.sample_set of the base policy), with V* and the step-count floor fitted
+    on another sample set of the same size (common.fitted_exact)."""
+    _, rollout, rewards, _ = sample_set(POLICY, prompts, samples, seed)
+    exact = fitted_exact(POLICY, prompts, samples, seed)
     problems = [held_out(prompts)[int(i)] for i in rollout.prompt_index]
-    tokenizer = load_tokenizer(folder_of(policy))
+    tokenizer = load_tokenizer(folder_of(POLICY))
     return {"rollout": rollout, "rewards": rewards, "problems": problems, "exact": exact, "tokenizer": tokenizer,
             "star": exact.values(rollout, problems, tokenizer), "floor": exact.floor_values(rollout, problems)}
 
 
-def length_band(length: int) -> str:
-    lo, hi = next(b for b in LENGTH_BANDS if b[0] <= length < b[1])
-    return f"{lo}+" if hi > 1000 else f"{lo}-{hi - 1}"
-
-
-LENGTH_BAND_NAMES = [f"{lo}+" if hi > 1000 else f"{lo}-{hi - 1}" for lo, hi in LENGTH_BANDS]
-
-
-def band_masks(rollout, names=LENGTH_BAND_NAMES) -> dict[str, torch.Tensor]:
-    """{band: [B, T] bool}: the real tokens of the responses whose length falls in each band."""
-    bands = [length_band(int(n)) for n in rollout.lengths]
+def band_masks(rollout) -> dict[str, torch.Tensor]:
+    """{length band: [B, T] bool}: the real tokens of the responses whose length falls in it."""
+    bands = [next(name for name, (lo, hi) in zip(LENGTH_BAND_NAMES, LENGTH_BANDS) if lo <= n < hi)
+             for n in rollout.lengths.tolist()]
     mask = rollout.response_mask.bool()
-    return {name: mask & torch.tensor([b == name for b in bands])[:, None] for name in names}
+    return {name: mask & torch.tensor([b == name for b in bands])[:, None] for name in LENGTH_BAND_NAMES}
 
 
 def part_masks(mask: torch.Tensor, parts: int = FIFTHS) -> list[torch.Tensor]:
-    """[parts] of [B, T] bool: the real tokens in each fifth (tenth, ...) of their response, by relative position
-    t / l."""
+    """[parts] of [B, T] bool: the real tokens in each fifth (tenth, ...) of their response, by t / l."""
     lengths = mask.sum(-1, keepdim=True).clamp(min=1)
     rel = torch.arange(mask.shape[1])[None, :] / lengths  # [B, T]
     return [mask.bool() & (rel >= k / parts) & (rel < (k + 1) / parts) for k in range(parts)]
@@ -135,8 +121,8 @@ TIE = 1e-6  # a biased gap within this of 0 is float noise (at lambda 1 the shif
 
 
 def line_starts(text: str, problem: dict) -> list[int]:
-    """Character offsets of the step lines' first characters that the response wrote while still on the correct chain
-    (task.solve), and 0: where it could have written its answer line instead."""
+    """Character offsets of the step lines the response began while still on the correct chain (task.solve), and 0:
+    where it could have written its answer line instead."""
     chain = task.solve(problem)
     k = len(os.path.commonprefix([text, chain]))
     starts = [0] + [i + 1 for i, ch in enumerate(text[:k]) if ch == "\n"]
@@ -144,53 +130,48 @@ def line_starts(text: str, problem: dict) -> list[int]:
 
 
 def decisions(ref: dict, offset: float, slope: float, lam_name: str) -> dict:
-    """The decisions a critic V* + b reverses (docs/lab.md, 1b), by step band: at each on-chain line start, stop (write
-    the answer line now: m tokens, then EOS) or go on; at each EOS, end or write MORE_TOKENS more. Returns
-    {"stop": {band: [reversed, counted]}, "eos": {band: [reversed, counted]}}."""
-    rollout, exact, tokenizer, rewards = ref["rollout"], ref["exact"], ref["tokenizer"], ref["rewards"]
-    lengths = rollout.lengths
-    lam = lambdas(lam_name, lengths)
-    shift = predicted_shift(lengths, rollout.T, offset, slope, lam)  # [B, T], the shift each token got
+    """The decisions a critic V* + b reverses (docs/lab.md, 1b), by step band: stop or go on at each on-chain line
+    start, end or write MORE_TOKENS more at each EOS. {"stop" | "eos": {band: [reversed, counted]}}."""
+    rollout, exact, rewards = ref["rollout"], ref["exact"], ref["rewards"]
+    shift = predicted_shift(rollout.lengths, rollout.T, offset, slope, lambdas(lam_name, rollout.lengths))  # [B, T]
+
+    def shift_in(length: int, t: int) -> torch.Tensor:  # the shift token t would get in a response of that length
+        n = torch.tensor([length])
+        return predicted_shift(n, length, offset, slope, lambdas(lam_name, n))[0, t]
     out = {"stop": {b: [0, 0] for b in STEP_BANDS}, "eos": {b: [0, 0] for b in STEP_BANDS}}
     for b in range(rollout.B):
-        problem, text, n = ref["problems"][b], rollout.texts[b], int(lengths[b])
+        problem, n = ref["problems"][b], int(rollout.lengths[b])
         band = task.band_of(problem["n_steps"])
         chain_values = exact.char_values(task.solve(problem), problem)  # V* along the correct chain
         guess_value = exact.char_values(task.ANSWER_PREFIX[0], problem)[1]  # 2 P(right | guess) - 1
         m = len(task.ANSWER_PREFIX) + len(problem["answer"]) + 1  # the answer line and its EOS
-        ends = token_ends(tokenizer, rollout, b)
-        for char in line_starts(text, problem):
+        ends = token_ends(ref["tokenizer"], rollout, b)
+        for char in line_starts(rollout.texts[b], problem):
             t = int((ends <= char).sum())  # the token whose text covers that character
             q_stop = guess_value if char == 0 else -1.0  # stopping mid-chain states a total that is not the answer
             q_go = chain_values[char + 1]  # the chain's next character written right
-            if q_stop - q_go >= 0:  # the true values do not prefer going on (the guess on the longest problems, or
-                continue          # a chain worth -1 already): not counted
-            lam_stop = lambdas(lam_name, torch.tensor([t + m]))
-            d_stop = predicted_shift(torch.tensor([t + m]), t + m, offset, slope, lam_stop)[0, t]
+            if q_stop - q_go >= 0:  # the true values do not prefer going on: not counted
+                continue
             out["stop"][band][1] += 1
-            out["stop"][band][0] += int(q_stop - q_go + d_stop - shift[b, t] > TIE)
+            out["stop"][band][0] += int(q_stop - q_go + shift_in(t + m, t) - shift[b, t] > TIE)
         if not rollout.truncated[b]:
-            lam_more = lambdas(lam_name, torch.tensor([n + MORE_TOKENS]))  # of the longer response
-            longer = torch.tensor([n + MORE_TOKENS])
-            d_more = predicted_shift(longer, n + MORE_TOKENS, offset, slope, lam_more)[0, n - 1]
             out["eos"][band][1] += 1
-            out["eos"][band][0] += int(-1.0 - float(rewards[b]) + d_more - shift[b, n - 1] > TIE)
+            out["eos"][band][0] += int(-1.0 - float(rewards[b]) + shift_in(n + MORE_TOKENS, n - 1) - shift[b, n - 1]
+                                       > TIE)
     return out
 
 
 def value_pretraining(args, seed: int) -> dict:
-    """Part 1 of docs/lab.md's experiment 1: for each bias and lambda, the measured advantage shift (A(V* + b) - A(V*),
-    from gae) on the first tenth and at EOS against (A1)-(A2), the largest difference token by token, the shift by tenth
-    of the 300+-token responses, and the shares of decisions reversed."""
-    ref = reference_set(args.policy, args.prompts, args.samples, seed)
+    """Experiment 1, part 1: per bias and lambda, the measured advantage shift A(V* + b) - A(V*) against (A1)-(A2)
+    (first tenth, EOS, by tenth of the 300+-token responses), and the shares of decisions reversed."""
+    ref = reference_set(args.prompts, args.samples, seed)
     rollout, star, rewards = ref["rollout"], ref["star"], ref["rewards"]
     mask = rollout.response_mask
     terminal = terminal_rewards(rewards, mask)
     first = first_tenth_mask(mask).bool()
     eos = torch.zeros_like(first)
     eos[torch.arange(rollout.B), rollout.lengths - 1] = True
-    long_rows = rollout.lengths >= 300
-    tenths = [long_rows[:, None] & m for m in part_masks(mask, 10)]
+    tenths = [(rollout.lengths >= 300)[:, None] & m for m in part_masks(mask, 10)]
     wrong = {band: [0, 0] for band in STEP_BANDS}
     for b in range(rollout.B):
         if not rollout.truncated[b]:
@@ -201,7 +182,7 @@ def value_pretraining(args, seed: int) -> dict:
            "right": float((rewards > 0).float().mean()), "wrong_share_by_band": _shares(wrong),
            "wrong_share": sum(c[0] for c in wrong.values()) / max(sum(c[1] for c in wrong.values()), 1), "cells": {}}
     measures = {}
-    for bias in args.biases:
+    for bias in VP_BIASES:
         offset, slope = parse_bias(bias)
         biased = star + bias_values(mask, offset, slope)
         for lam_name in VP_LAMBDAS:
@@ -234,51 +215,38 @@ def _shares(counts: dict) -> dict:
 
 
 def draw_value_pretraining(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for i, bias in enumerate(first["biases"]):
-        for lam_name, style in (("0.95", "-"), ("1", ":")):
-            ys = _mean([r["cells"][f"{bias} lambda {lam_name}"]["long_by_tenth"] for r in results])
-            axes[0].plot(range(5, 100, 10), ys, style, color=f"C{i}", marker="o", ms=3,
-                         label=bias if lam_name == "0.95" else None)
-    axes[0].set_xlabel("position in the response (%), responses of 300+ tokens")
-    axes[0].set_ylabel("advantage shift A(V*+b) - A(V*)")
-    axes[0].set_title("solid: lambda 0.95, dotted: lambda 1 (= -b(t))", fontsize=9)
-    axes[0].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
-    for ax, lam_name in zip(axes[1:], ("0.95", "adaptive")):
-        width = 0.8 / len(first["biases"])
-        for i, bias in enumerate(first["biases"]):
-            ys = _mean([[r["cells"][f"{bias} lambda {lam_name}"]["stop_reversed"][b] for b in STEP_BANDS]
-                        for r in results])
-            ax.bar([j + i * width for j in range(len(STEP_BANDS))], ys, width, color=f"C{i}", label=bias)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(STEP_BANDS))], STEP_BANDS)
-        ax.set_xlabel("problem's steps")
-        ax.set_ylabel("share of on-chain line starts")
-        ax.set_title(f"stopping made to look better, lambda {lam_name}", fontsize=9)
-        ax.set_ylim(0, 1)
-    axes[2].legend(fontsize=7, title="bias offset:slope", title_fontsize=7)
-    fig.suptitle("constructed critics V* + b(t), b = offset + slope t/100, before any RL "
-                 f"({len(results)} seed(s))", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    biases = results[0]["biases"]
+    cells = lambda bias, lam, key: [r["cells"][f"{bias} lambda {lam}"][key] for r in results]  # noqa: E731
+    shift = {"title": "advantage shift A(V*+b) - A(V*), responses of 300+ tokens\nsolid: lambda 0.95, dotted: "
+                      "lambda 1 (= -b(t))", "xlabel": "position in the response (%)",
+             "lines": [(range(5, 100, 10), _mean(cells(bias, lam, "long_by_tenth")), style,
+                        dict(color=f"C{i}", marker="o", ms=3, label=bias if lam == "0.95" else None))
+                       for i, bias in enumerate(biases) for lam, style in (("0.95", "-"), ("1", ":"))]}
+    stops = [{"title": f"stopping made to look better, lambda {lam}", "xlabel": "problem's steps",
+              "ylabel": "share of on-chain line starts", "ylim": (0, 1),
+              "bars": (STEP_BANDS, [(bias, _mean([[c[b] for b in STEP_BANDS] for c in cells(bias, lam, "stop_reversed")]),
+                                     None) for bias in biases])} for lam in ("0.95", "adaptive")]
+    draw(path, f"constructed critics V* + b(t), b = offset:slope = offset + slope t/100, before any RL "
+               f"({len(results)} seed(s))", [shift, *stops])
 
 
 # --- 2. decoupled GAE: critic-only fits from a biased start -------------------------------------------------------
-def training_batches(policy: str, n: int, seed: int, prompts: int = 8, G: int = 8) -> list[dict]:
-    """n batches of `prompts` training-split problems x G samples of the frozen `policy` (value pretraining's shape: its
-    prompt stream of this seed), each {"rollout", "problems", "rewards"}."""
+CHECKPOINTS = (5, 10, 20)  # the fits are judged at 0 batches, these, and the last
+
+
+def training_batches(args, seed: int) -> list[dict]:
+    """args.batches batches of args.batch_prompts training-split problems x args.group samples of the frozen base
+    policy (value pretraining's prompt stream of this seed), each {"rollout", "problems", "rewards"}."""
     from models import load_policy
-    model, tokenizer = load_policy(folder_of(policy), dtype=torch.float32)
-    engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=prompts)
+    model, tokenizer = load_policy(folder_of(POLICY), dtype=torch.float32)
+    engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=args.batch_prompts)
     rows = task.make_dataset(20000, config.stream(seed, "builtin_rows"), task.LONG.min_steps, task.LONG.max_steps,
                              split="train")
     parts = []
-    for s in range(n):
-        batch = prompt_batch(rows, s, prompts, config.stream(seed, "pretrain_prompts"))
+    for s in range(args.batches):
+        batch = prompt_batch(rows, s, args.batch_prompts, config.stream(seed, "pretrain_prompts"))
         with torch.no_grad():
-            rollout = engine.generate([r["prompt"] for r in batch], n=G, seed=1000 * (seed + 1) + s)
+            rollout = engine.generate([r["prompt"] for r in batch], n=args.group, seed=1000 * (seed + 1) + s)
         problems = [batch[int(i)] for i in rollout.prompt_index]
         rewards = torch.tensor([1.0 if task.is_correct(t, p["answer"]) else -1.0
                                 for t, p in zip(rollout.texts, problems)])
@@ -286,18 +254,13 @@ def training_batches(policy: str, n: int, seed: int, prompts: int = 8, G: int = 
     return parts
 
 
-def critic_config() -> vapo.Config:
-    """--preset long's critic settings (lr 3e-4, critic mini-batches of 16, warmup, gradient clip)."""
-    return vapo.Config(**{**config.PRESETS["long"], "value_model": None}).validate()
-
-
-def fit_critic(critic, parts: list[dict], lam: float, base=None, checkpoints=(), judge=None) -> list[dict]:
-    """Critic-only updates: for each batch, V = h + base (base [B, T]: V* + b, or nothing), the targets GAE(lambda)
-    returns of V, and h stepped on them minus base by the trainer's own critic step (vapo.update, train_policy False).
-    judge(batches) is called at 0 and after each batch count in checkpoints; returns its records."""
-    cfg = critic_config()
+def fit_critic(critic, parts: list[dict], lam: float, base=None, checkpoints=(), look=None) -> list[dict]:
+    """Critic-only updates with --preset long's critic settings: per batch, V = h + base(part) (or h alone), the
+    targets GAE(lambda)'s returns of V, and h stepped on them minus base by the trainer's own critic step
+    (vapo.update, train_policy False). Returns look(batches) at each batch count in checkpoints (0: before any)."""
+    cfg = vapo.Config(**{**config.PRESETS["long"], "value_model": None}).validate()
     optimizers = {"critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
-    records = [judge(0)] if judge is not None and 0 in checkpoints else []
+    records = [look(0)] if look is not None and 0 in checkpoints else []
     for i, part in enumerate(parts):
         rollout, mask = part["rollout"], part["rollout"].response_mask
         h = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T]
@@ -305,8 +268,8 @@ def fit_critic(critic, parts: list[dict], lam: float, base=None, checkpoints=(),
         _, returns = gae(terminal_rewards(part["rewards"], mask), h + offset, mask, lam=lam)
         vapo.update(None, critic, optimizers, rollout, {"values": h, "returns": returns - offset}, cfg,
                     train_policy=False)
-        if judge is not None and i + 1 in checkpoints:
-            records.append(judge(i + 1))
+        if look is not None and i + 1 in checkpoints:
+            records.append(look(i + 1))
     return records
 
 
@@ -321,35 +284,32 @@ def residual_table(residual: torch.Tensor, rollout) -> dict:
 
 
 def decoupled_gae(args, seed: int) -> dict:
-    """docs/lab.md's experiment 2: from V = V* + b + h (h: the reward model's network, head zeroed), critic-only fits
-    with target lambda 0.95 and 1 on the same batches; the residual bias V - V* by fifth and length band on held-out
-    responses after each checkpoint, and the tabular arithmetic (A4) of one exact update beside it."""
+    """Experiment 2: from V = V* + b + h (h the reward model's network, head zeroed), critic-only fits with target
+    lambda 0.95 and 1 on the same batches; the residual bias V - V* by fifth and length band on held-out responses
+    at each checkpoint, and beside it what one exact tabular update leaves ((A4): b + (A1))."""
     torch.manual_seed(seed)
     offset, slope = parse_bias(args.bias)
-    parts = training_batches(args.policy, args.batches, seed, args.batch_prompts, args.group)
-    tokenizer = load_tokenizer(folder_of(args.policy))
+    parts = training_batches(args, seed)
+    tokenizer = load_tokenizer(folder_of(POLICY))
     exact = exact_values.ExactValues()  # V* of the frozen policy, fitted on the training batches
     for part in parts:
         exact.observe(part["rollout"].texts, part["problems"], part["rewards"])
     for part in parts:
         part["base"] = exact.values(part["rollout"], part["problems"], tokenizer) + bias_values(
             part["rollout"].response_mask, offset, slope)
-    _, val, _, _ = sample_set(args.policy, args.prompts, args.samples, seed)  # held-out responses to judge on
+    _, val, _, _ = sample_set(POLICY, args.prompts, args.samples, seed)  # held-out responses to judge on
     val_bias = bias_values(val.response_mask, offset, slope)
-    checkpoints = tuple(sorted({0, *[c for c in args.checkpoints if c <= args.batches], args.batches}))
-    out = {"bias": args.bias, "batches": args.batches, "responses": val.B, "checkpoints": list(checkpoints), "fits": {}}
+    checkpoints = tuple(sorted({0, *[c for c in CHECKPOINTS if c <= args.batches], args.batches}))
+    out = {"bias": args.bias, "batches": args.batches, "responses": val.B, "checkpoints": list(checkpoints), "fits": {},
+           "tabular_one_update": {}}
     for lam in (0.95, 1.0):
         torch.manual_seed(seed)
-        critic = zero_head(load_value_model(folder_of(args.critic), dtype=torch.float32))
-
-        def judge(batches):
-            h = score_rollout(None, critic, val, 16)["values"]
-            return {"batches": batches, "residual": residual_table(val_bias + h, val)}
-        out["fits"][f"{lam:g}"] = fit_critic(critic, parts, lam, base=lambda p: p["base"], checkpoints=checkpoints,
-                                             judge=judge)
-        lam_t = torch.full((val.B,), lam)
-        one_update = val_bias + predicted_shift(val.lengths, val.T, offset, slope, lam_t)  # (A4): b + (A1)
-        out.setdefault("tabular_one_update", {})[f"{lam:g}"] = residual_table(one_update, val)
+        critic = zero_head(load_value_model(folder_of(CRITIC), dtype=torch.float32))
+        look = lambda batches: {"batches": batches, "residual": residual_table(  # noqa: E731
+            val_bias + score_rollout(None, critic, val, 16)["values"], val)}
+        out["fits"][f"{lam:g}"] = fit_critic(critic, parts, lam, lambda p: p["base"], checkpoints, look)
+        one_update = val_bias + predicted_shift(val.lengths, val.T, offset, slope, torch.full((val.B,), lam))
+        out["tabular_one_update"][f"{lam:g}"] = residual_table(one_update, val)
     measures = {}
     for lam, records in out["fits"].items():
         for band, cell in records[-1]["residual"].items():
@@ -361,33 +321,22 @@ def decoupled_gae(args, seed: int) -> dict:
 
 
 def draw_decoupled(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    band = LENGTH_BAND_NAMES[-1]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, lam in zip(axes, ("0.95", "1")):
-        for j, batches in enumerate(first["checkpoints"]):
-            ys = _mean([r["fits"][lam][j]["residual"][band]["by_fifth"] for r in results])
-            ax.plot(range(10, 100, 20), ys, marker="o", label=f"after {batches} batches")
-        ys = _mean([r["tabular_one_update"][lam][band]["by_fifth"] for r in results])
-        ax.plot(range(10, 100, 20), ys, "k--", label="a table, one exact update (A4)")
-        ax.axhline(0, color="gray", lw=0.5)
-        ax.set_title(f"target lambda {lam}", fontsize=9)
-        ax.set_xlabel(f"position in the response (%), responses of {band} tokens")
-    axes[0].set_ylabel("residual bias V - V* (constructed critic)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"critic-only fits from V* + b, b = {first['bias']} (offset:slope per 100 tokens), "
-                 f"{len(results)} seed(s)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    band, fifths = LENGTH_BAND_NAMES[-1], range(10, 100, 20)
+    panels = [{"title": f"target lambda {lam}", "xlabel": f"position in the response (%), responses of {band} tokens",
+               "ylabel": "residual bias V - V* (constructed critic)", "hline": 0,
+               "lines": [(fifths, _mean([r["fits"][lam][j]["residual"][band]["by_fifth"] for r in results]), "o-",
+                          {"label": f"after {n} batches"}) for j, n in enumerate(results[0]["checkpoints"])]
+               + [(fifths, _mean([r["tabular_one_update"][lam][band]["by_fifth"] for r in results]), "k--",
+                   {"label": "a table, one exact update (A4)"})]} for lam in ("0.95", "1")]
+    draw(path, f"critic-only fits from V* + b, b = {results[0]['bias']} (offset:slope per 100 tokens), "
+               f"{len(results)} seed(s)", panels, sharey=True)
 
 
 # --- 3. length-adaptive GAE: the lambda that best matches V*'s advantages ------------------------------------------
 HORIZONS = [10 ** (i / 10) for i in range(31)] + [math.inf]  # H = 1 / (1 - lambda): 1 (lambda 0) .. 1000, and lambda 1
 INF_LOG10 = 4.0  # log10 of the horizon recorded for lambda 1 (one step past the grid's 1000)
 LA_CRITICS = ("exact", "exact+bias:0.5:0", "exact+bias:-0.5:0.125", "exact+noise:0.1", "exact+noise:0.3", "floor",
-              "builtin-long-rm", "pretrained")
+              CRITIC, "pretrained")
 
 
 def lam_of(horizon: float) -> float:
@@ -395,8 +344,8 @@ def lam_of(horizon: float) -> float:
 
 
 def noise_horizon(sigma: float, v: float) -> float:
-    """The arithmetic's best horizon for V* + independent noise sigma where V*'s TD errors have variance v a token:
-    lambda / (1 - lambda)^2 = sigma^2 / v (docs/lab.md, experiment 3), solved for lambda; returns 1 / (1 - lambda)."""
+    """The best horizon 1 / (1 - lambda) for V* + independent noise sigma, where V*'s TD errors have variance v a
+    token: lambda / (1 - lambda)^2 = sigma^2 / v (docs/lab.md, experiment 3), solved for lambda."""
     if v <= 0:
         return math.inf
     x = sigma ** 2 / v
@@ -406,9 +355,8 @@ def noise_horizon(sigma: float, v: float) -> float:
 
 def best_lambda(values: torch.Tensor, star: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor,
                 bands: dict[str, torch.Tensor], horizons=HORIZONS) -> dict:
-    """Per band: the correlation over its tokens between GAE(lambda) of `values` and V*'s one-step TD error (the true
-    advantage of the action taken) for each horizon, and the best horizon. values, star, mask [B, T]; rewards [B];
-    bands {name: [B, T] bool}. Returns {band: {"curve": [corr per horizon], "best_horizon", "best_lambda"}}."""
+    """Per band ({name: [B, T] bool}), the correlation over its tokens between GAE(lambda) of values and V*'s
+    one-step TD error for each horizon, and the best. {band: {"curve", "best_horizon", "best_lambda"}}."""
     terminal = terminal_rewards(rewards, mask)
     delta = gae(terminal, star, mask, lam=0.0)[0]  # [B, T], V*'s advantages
     curves = {band: [] for band in bands}
@@ -431,7 +379,8 @@ def _corr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def critic_values(name: str, ref: dict, args, seed: int) -> torch.Tensor:
-    """[B, T] the values of one of LA_CRITICS (or a critic folder) on the reference batch."""
+    """[B, T] the values of one of LA_CRITICS on the reference batch ("pretrained": the reward model after value
+    pretraining here, lambda 1)."""
     rollout, star = ref["rollout"], ref["star"]
     mask = rollout.response_mask
     if name == "exact":
@@ -442,18 +391,16 @@ def critic_values(name: str, ref: dict, args, seed: int) -> torch.Tensor:
         return noisy_values(star, mask, float(name.removeprefix("exact+noise:")), seed)
     if name == "floor":
         return ref["floor"]
-    if name == "pretrained":  # the reward model after value pretraining here: lambda 1, the preset's critic settings
-        critic = load_value_model(folder_of(args.critic), dtype=torch.float32)
-        fit_critic(critic, training_batches(args.policy, args.batches, seed, args.batch_prompts, args.group), 1.0)
-    else:
-        critic = load_value_model(folder_of(name), dtype=torch.float32)
+    critic = load_value_model(folder_of(CRITIC if name == "pretrained" else name), dtype=torch.float32)
+    if name == "pretrained":
+        fit_critic(critic, training_batches(args, seed), 1.0)
     return score_rollout(None, critic, rollout, 16)["values"]
 
 
 def length_adaptive(args, seed: int) -> dict:
-    """docs/lab.md's experiment 3: per critic and length band, the lambda whose advantages best match V*'s."""
+    """Experiment 3: per critic and length band, the lambda whose advantages best match V*'s."""
     torch.manual_seed(seed)
-    ref = reference_set(args.policy, args.prompts, args.samples, seed)
+    ref = reference_set(args.prompts, args.samples, seed)
     rollout, star, rewards = ref["rollout"], ref["star"], ref["rewards"]
     mask = rollout.response_mask
     bands = band_masks(rollout)
@@ -466,7 +413,7 @@ def length_adaptive(args, seed: int) -> dict:
                               "mean_length": float(lengths.mean()) if lengths.numel() else float("nan"),
                               "v": float(delta[m].pow(2).mean()) if m.any() else float("nan")}
     measures = {}
-    for name in args.critics:
+    for name in LA_CRITICS:
         fit = best_lambda(critic_values(name, ref, args, seed), star, rewards, mask, bands)
         for band, cell in fit.items():
             h, length = cell["best_horizon"], out["bands"][band]["mean_length"]
@@ -481,191 +428,35 @@ def length_adaptive(args, seed: int) -> dict:
                     cell[k] = "inf"
         out["critics"][name] = fit
     for band, cell in out["bands"].items():
-        measures[f"band|{band}|tokens"] = cell["tokens"]
-        measures[f"band|{band}|v"] = cell["v"]
-        measures[f"band|{band}|mean_length"] = cell["mean_length"]
+        for k in ("tokens", "v", "mean_length"):
+            measures[f"band|{band}|{k}"] = cell[k]
     out["measures"] = measures
     return out
 
 
 def draw_length_adaptive(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    first = results[0]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    lengths = [first["bands"][b]["mean_length"] for b in LENGTH_BAND_NAMES]
-    for name in first["critics"]:
-        ys = []
-        for band in LENGTH_BAND_NAMES:
-            hs = [r["critics"][name][band]["best_horizon"] for r in results]
-            ys.append(statistics.mean(10 ** INF_LOG10 if h == "inf" else h for h in hs))
-        ax.plot(lengths, ys, marker="o", label=name)
-    for alpha in (0.05, 0.5):
-        ax.plot(lengths, [max(alpha * n, 1) for n in lengths], "k--", lw=0.8)
-        ax.text(lengths[-1], alpha * lengths[-1], f" paper: H = {alpha} l", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("mean response length of the band (tokens)")
-    ax.set_ylabel("best horizon H = 1/(1 - lambda) (10^4: lambda 1)")
-    ax.set_title("the lambda whose advantages best match V*'s, per length band (constructed critics labelled "
-                 "exact+...)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    lengths = [results[0]["bands"][b]["mean_length"] for b in LENGTH_BAND_NAMES]
+    best = lambda name, band: statistics.mean(10 ** INF_LOG10 if h == "inf" else h for h in  # noqa: E731
+                                              (r["critics"][name][band]["best_horizon"] for r in results))
+    lines = [(lengths, [best(name, b) for b in LENGTH_BAND_NAMES], "o-", {"label": name})
+             for name in results[0]["critics"]]
+    lines += [(lengths, [max(alpha * n, 1) for n in lengths], style, {"lw": 0.8, "label": f"paper: H = {alpha} l"})
+              for alpha, style in ((0.05, "k:"), (0.5, "k--"))]
+    draw(path, "the lambda whose advantages best match V*'s, per length band (constructed critics labelled exact+...)",
+         [{"xlabel": "mean response length of the band (tokens)", "log": True, "lines": lines,
+           "ylabel": "best horizon H = 1/(1 - lambda) (10^4: lambda 1)"}], width=8)
 
 
-# --- the written predictions: docs/lab.md's thresholds, judged on the mean and SE over seeds ------------------------
-def judge(stat, lo=None, hi=None) -> str:
-    """confirmed when mean is inside [lo, hi] by more than 2 SE, falsified when outside by more than 2 SE, else not
-    separated. stat: (mean, se); NaN: not measured."""
-    mean, se = stat
-    if mean != mean:
-        return "not measured"
-    lo = -math.inf if lo is None else lo
-    hi = math.inf if hi is None else hi
-    if lo <= mean - 2 * se and mean + 2 * se <= hi:
-        return "confirmed"
-    if mean + 2 * se < lo or mean - 2 * se > hi:
-        return "falsified"
-    return "not separated"
-
-
-def combine(verdicts: list[str]) -> str:
-    """All confirmed -> confirmed; any falsified -> falsified; else not separated."""
-    if "falsified" in verdicts:
-        return "falsified"
-    if verdicts and all(v == "confirmed" for v in verdicts):
-        return "confirmed"
-    return "not separated"
-
-
-VP_TABLE = {  # docs/lab.md experiment 1, prediction 3: (lo, hi) per step band of the share reversed at lambda 0.95
-    "0:-0.5": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
-    "0:-0.25": ((0, 0.05), (0, 0.1), (0, 0.5), (0.6, 1)),
-    "-0.5:0.125": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
-    "0:0.5": ((0, 0),) * 4, "0.5:0": ((0, 0),) * 4, "0:0": ((0, 0),) * 4}
-
-
-def verdicts_value_pretraining(s: dict) -> list[tuple[str, str]]:
-    out = []
-    diffs = [judge(v, hi=1e-4) for k, v in s.items() if k.endswith("max_abs_difference")]
-    out.append(("1. measured shifts = (A1)-(A2) within 1e-4, every bias and lambda", combine(diffs)))
-    ones = [judge(v, 0, 0) for k, v in s.items() if "|1|" in k and ("|stop|" in k or "|eos|" in k)]
-    out.append(("2. lambda 1 reverses no decision", combine(ones)))
-    for bias, ranges in VP_TABLE.items():
-        cells = [judge(s.get(f"{bias}|0.95|stop|{band}", (math.nan, 0)), lo, hi) for band, (lo, hi) in
-                 zip(STEP_BANDS, ranges)]
-        out.append((f"3. lambda 0.95, {bias}: stop reversed in the table's ranges", combine(cells)))
-        if bias in ("0:-0.5", "0:-0.25", "-0.5:0.125"):
-            more = [judge(_diff(s, f"{bias}|adaptive|stop|{band}", f"{bias}|0.95|stop|{band}"), lo=0)
-                    for band in STEP_BANDS[2:]]
-            out.append((f"3. adaptive lambda, {bias}: at least lambda 0.95's share at 21-40 steps", combine(more)))
-    for bias in ("0:0.5", "0.5:0"):
-        cells = [judge(_diff(s, f"{bias}|0.95|eos|{band}", f"wrong|{band}"), -0.02, 0.02) for band in STEP_BANDS]
-        out.append((f"4. lambda 0.95, {bias}: going on at EOS looks better on every wrong response, no right one",
-                    combine(cells)))
-    for bias in ("0:-0.5", "0:-0.25", "0:0"):
-        cells = [judge(s.get(f"{bias}|0.95|eos|{band}", (math.nan, 0)), 0, 0) for band in STEP_BANDS]
-        out.append((f"4. lambda 0.95, {bias}: going on at EOS never looks better", combine(cells)))
-    return out
-
-
-def verdicts_decoupled(s: dict, bias: str) -> list[tuple[str, str]]:
-    if bias != "0.5:0":
-        return [("no written prediction for this bias (docs/lab.md writes it for 0.5:0)", "not judged")]
-    long = LENGTH_BAND_NAMES[-1]
-    ones = [judge(s[f"1|{band}|{k}"], -0.1, 0.1) for band in LENGTH_BAND_NAMES for k in range(FIFTHS)
-            if s[f"1|{band}|tokens"][0] >= 500]
-    spread = [s[f"1|{long}|{k}"][0] for k in range(FIFTHS)]
-    ones.append("confirmed" if max(spread) - min(spread) <= 0.1 else "falsified")
-    return [("1. lambda 1: residual <= 0.1 in every fifth of every band of >= 500 tokens, fifths of 300+ within 0.1",
-             combine(ones)),
-            ("2. lambda 0.95: the first fifth of 300+-token responses keeps >= 0.25, more than lambda 1 there",
-             combine([judge(s[f"0.95|{long}|0"], lo=0.25), judge(_diff(s, f"0.95|{long}|0", f"1|{long}|0"), lo=0)])),
-            ("3. lambda 0.95: first fifth of 300+ above its last fifth by > 0.05",
-             judge(_diff(s, f"0.95|{long}|0", f"0.95|{long}|4"), lo=0.05))]
-
-
-def verdicts_length_adaptive(s: dict, critics) -> list[tuple[str, str]]:
-    bands = [b for b in LENGTH_BAND_NAMES if s.get(f"band|{b}|tokens", (0, 0))[0] >= 1000]
-    out = []
-    if "exact" in critics:
-        out.append(("1. exact: best lambda 0 and correlation 1 in every band",
-                    combine([judge(s[f"exact|{b}|lambda"], 0, 0) for b in bands]
-                            + [judge(s[f"exact|{b}|corr_at_0"], lo=0.999) for b in bands])))
-    for name in [c for c in critics if c.startswith("exact+bias:")]:
-        out.append((f"2. {name}: best lambda 0 in every band", combine([judge(s[f"{name}|{b}|lambda"], 0, 0)
-                                                                         for b in bands])))
-    for name in [c for c in critics if c.startswith("exact+noise:")]:
-        sigma = float(name.split(":")[1])
-        cells = []
-        for b in bands:
-            predicted = math.log10(noise_horizon(sigma, s[f"band|{b}|v"][0]))
-            cells.append(judge(s[f"{name}|{b}|log10_horizon"], predicted - math.log10(2), predicted + math.log10(2)))
-        if len(bands) >= 2:
-            cells.append(judge(_diff(s, f"{name}|{bands[-1]}|log10_horizon", f"{name}|{bands[0]}|log10_horizon"), lo=0))
-        out.append((f"3. {name}: best H within 2x of sigma-over-v's in every band, rising with length", combine(cells)))
-    for name in [c for c in critics if c in ("floor", "builtin-long-rm", "pretrained")]:
-        out.append((f"4. {name}: best lambda >= 0.98 in every band", combine([judge(s[f"{name}|{b}|lambda"], lo=0.98)
-                                                                              for b in bands])))
-    for name in [c for c in critics if c in ("builtin-long-rm", "pretrained")]:
-        if len(bands) < 2:
-            continue
-        alphas = [10 ** s[f"{name}|{b}|log10_horizon"][0] / s[f"band|{b}|mean_length"][0] for b in bands]
-        law = (s[f"{name}|{bands[0]}|lambda"][0] <= 0.9 and s[f"{name}|{bands[-1]}|lambda"][0] >= 0.98
-               and max(alphas) <= 2 * min(alphas))
-        out.append((f"5. the paper's law (one alpha, lambda rising with length) does not describe {name}",
-                    "falsified" if law else "confirmed"))
-    return out
-
-
-class Stats(dict):
-    """{measure: (mean, SE over seeds)}, with the seeds' own measures kept (per_seed) for paired differences."""
-    per_seed: list[dict] = []
-
-
-def _diff(s: dict, a: str, b: str) -> tuple[float, float]:
-    """(mean, SE over seeds) of a - b: paired, from each seed's own difference, when s holds the seeds' measures
-    (every difference judged here is of two measures taken on the same seed's responses or runs); else treating the two
-    as independent. (Until 2026-12-05 the independent SE was used throughout; at full size it judged two shares that
-    were equal on every seed "not separated" from equal, so the paired SE, which is what the page's "SE over seeds" of
-    a difference is, replaced it.)"""
-    per_seed = getattr(s, "per_seed", [])
-    if per_seed:
-        diffs = [r["measures"][a] - r["measures"][b] for r in per_seed if a in r["measures"] and b in r["measures"]]
-        diffs = [d for d in diffs if d == d]
-        if diffs:
-            return statistics.mean(diffs), (statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0)
-        return math.nan, 0.0
-    (ma, sa), (mb, sb) = s.get(a, (math.nan, 0)), s.get(b, (math.nan, 0))
-    return ma - mb, math.hypot(sa, sb)
-
-
-def summarise(per_seed: list[dict]) -> Stats:
-    """{measure: (mean, standard error over seeds)} of the seeds' "measures" (NaN ones left out; SE 0 for one)."""
-    out = Stats()
-    out.per_seed = per_seed
-    for key in per_seed[0]["measures"]:
-        vals = [r["measures"][key] for r in per_seed if r["measures"].get(key) == r["measures"].get(key)]
-        if not vals:
-            out[key] = (math.nan, 0.0)
-            continue
-        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
-        out[key] = (statistics.mean(vals), se)
-    return out
-
-
-# --- the RL experiments' per-update record: the borrow decisions of each batch, before and after its update -------
+# --- the RL experiments: their runs, and each run's per-update record of the batch's borrow decisions ---------------
 DECISIONS = "decisions.jsonl"  # in the run folder of `bench/lab.py record -- VAPO.PY OPTIONS`, one line per RL step
+RECORD = ("bench/lab.py", "record", "--")  # what runs each RL run: vapo.py, with that record
 
 
 def decision_table(policy, rollout, tokenizer, temperature: float) -> dict[str, torch.Tensor]:
-    """Every borrow decision of the batch (task.borrow_decisions: the tens digit of a borrow step's line, where the
-    habit forgets the borrow) under `policy`: rows, cols [n] (row b, response token t), "right" [n] bool (the sample
-    wrote the right digit there), "lp_right" [n] log pi(the right digit | the sampled prefix), "lp_sampled" [n]
-    log pi(the sampled token | prefix), "entropy" [n] of the decision. The right digit's log-prob is read by
-    scoring a copy of the batch with that one token swapped in (the prefix, hence the decision's state, is the
-    same). Decisions on tokens that are not one character are left out (the built-in tokenizer's never are)."""
+    """The batch's borrow decisions (task.borrow_decisions) under policy: rows, cols [n] (response b, token t),
+    "right" (the sample wrote the right digit), "lp_right" (log pi of the right digit, from a copy of the batch with
+    that one token swapped in: the same prefix), "lp_sampled" and "entropy" there. Decisions on a token of more than
+    one character are left out (the built-in tokenizer has none)."""
     rows, cols, right_ids, right = [], [], [], []
     for b, text in enumerate(rollout.texts):
         ends = token_ends(tokenizer, rollout, b)
@@ -690,11 +481,9 @@ def decision_table(policy, rollout, tokenizer, temperature: float) -> dict[str, 
 
 def decision_record(before: dict, after: dict, advantages: torch.Tensor, bands: list[str] | None,
                     eps_high: float) -> dict:
-    """One step's record of its borrow decisions, before and after the update. "pushed": the sample wrote the right
-    digit and its advantage is positive (what PPO raises, and the upper clip caps); "binding": pushed decisions whose
-    ratio pi_new / pi_old ended at or past 1 + eps_high (the clip bound was reached: the update's last mini-batches
-    gave them no gradient). growth = p_after(right) / p_before(right). bands: each row's step band (exposures and the
-    habit's share of samples per band), or None."""
+    """One step's record of its borrow decisions (decision_table before and after the update): "pushed" (right, with
+    a positive advantage), "binding" (pushed, ratio at or past 1 + eps_high), growth = p_after / p_before of the right
+    digit; with bands (each row's step band), the samples, decisions and the habit's count per band."""
     n = len(before["rows"])
     out = {"decisions": n}
     if n == 0:
@@ -721,11 +510,8 @@ def decision_record(before: dict, after: dict, advantages: torch.Tensor, bands: 
 
 
 def record_decisions(argv: list[str]) -> None:
-    """`python bench/lab.py record -- VAPO.PY OPTIONS`: vapo.py's own run, unchanged, with one record more: around each
-    RL step's update (vapo.update, which this wraps) the batch's borrow decisions are scored before and after
-    (decision_table), one line per step in the run folder's decisions.jsonl (a resumed run writes its redone steps
-    again: a reader keeps each step's last line). Needs --output-dir (or --resume). Costs two no-grad forward passes
-    of the batch a step."""
+    """`bench/lab.py record -- VAPO.PY OPTIONS`: vapo.py's own run, with vapo.update wrapped to score the batch's
+    borrow decisions before and after each RL step's update, one line per step in the run folder's DECISIONS."""
     argv = argv[1:] if argv and argv[0] == "--" else argv
     cfg, resume, _ = vapo.config_from_args(argv)
     if not (cfg.output_dir or resume):
@@ -758,16 +544,12 @@ def record_decisions(argv: list[str]) -> None:
 
 
 def read_decisions(folder: str) -> dict[int, dict]:
-    """{step: its last record} of a run folder's decisions.jsonl ({} without one)."""
+    """{step: its last record} of a run folder's DECISIONS (a resumed run writes its redone steps again)."""
     return {r["step"]: r for r in read_jsonl(os.path.join(folder, DECISIONS))}
 
 
-# --- the RL experiments: the runs they will make (nothing is run or claimed here) ----------------------------------
 def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> list[tuple[str, list[str]]]:
-    """(label, vapo.py options) of each run of an RL experiment of docs/lab.md, per seed. Sizes are the page's
-    (about 10 minutes a seed, to be timed). value-pretraining-rl's runs use the trainer's --critic-offset (the
-    constructed critic V*_0 + b + h, docs/lab.md, experiment 1, part 2); their value pretraining runs its 20 steps
-    (--value-pretrain-ev none: the preset's gate would stop it earlier)."""
+    """(label, vapo.py options) of each run of an RL experiment, per seed, at the page's sizes."""
     long_eval = ["--eval-prompts", "200", "--eval-sampled-prompts", "100", "--eval-samples", "2"]
     arms = {
         "value-pretraining-rl": [
@@ -776,8 +558,7 @@ def rl_runs(name: str, seeds: list[int], out: str, extension: bool = False) -> l
                                                        "--value-pretraining", "--value-pretrain-steps", "20",
                                                        "--value-pretrain-ev", "none"]),
             ("V* alone (control)", ["--algo", "ppo", "--critic-offset", "exact:0:0"])],
-        "clip-higher": [(f"eps_high {e}", ["--algo", "grpo", "--clip-higher", "--eps-high", e])
-                        for e in ("0.2", "0.28", "0.4")],
+        "clip-higher": [(f"eps_high {e}", ["--algo", "grpo", "--clip-higher", "--eps-high", e]) for e in CLIP_ARMS],
         "token-level": [("per-sample loss", ["--algo", "grpo", "--no-token-level-loss"]),
                         ("token-level loss", ["--algo", "grpo", "--token-level-loss"])],
         "group-sampling": [(f"GRPO {p} prompts x {g}", ["--algo", "grpo", "--prompts-per-step", p,
@@ -806,12 +587,9 @@ def output_dir(options: list[str]) -> str:
     return options[options.index("--output-dir") + 1]
 
 
-RECORD = ("bench/lab.py", "record", "--")  # what runs each RL run: vapo.py, with the per-update decision record
-
-
 def run_rl(name: str, seeds: list[int], out: str, extension: bool, jobs: int) -> None:
-    """Run an RL experiment's runs (rl_runs), `jobs` at a time with one thread each, through record_decisions. A
-    finished run is read back and an interrupted one resumed (common.run_vapo), so the command can be run again."""
+    """Run an RL experiment's runs, `jobs` at a time with one thread each, through `record`; a finished run is read
+    back and an interrupted one resumed (common.run_vapo)."""
     runs = rl_runs(name, seeds, out, extension)
     print(f"{common.now()}, {common.machine()}: lab {name}, {len(runs)} runs, {jobs} at a time, into {out}",
           flush=True)
@@ -821,8 +599,8 @@ def run_rl(name: str, seeds: list[int], out: str, extension: bool, jobs: int) ->
 
 def print_rl_runs(name: str, seeds: list[int], out: str, extension: bool) -> list[tuple[str, list[str]]]:
     runs = rl_runs(name, seeds, out, extension)
-    print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result (--run runs them, "
-          "--report judges the finished ones).")
+    print(f"{name}: the runs docs/lab.md plans ({len(runs)}); this command runs none of them and claims no result "
+          "(--run runs them, --report judges the finished ones).")
     if name == "value-pretraining-rl":
         print("  the critic is vapo.py's --critic-offset exact:OFFSET:SLOPE, a constructed reference critic "
               "V*_0 + b + h (docs/lab.md, experiment 1, part 2)")
@@ -832,44 +610,58 @@ def print_rl_runs(name: str, seeds: list[int], out: str, extension: bool) -> lis
     return runs
 
 
-# --- the RL experiments' judges: each seed's measures from its arms' run folders, then the written predictions -------
-def _eval_at(folder: str, step: int, key: str) -> float:
-    return next((r[key] for r in common.evaluations(common.read_records(folder)) if r.get("step") == step and key in r),
-                math.nan)
-
-
+# --- the RL experiments' measures: one seed's, from its arms' run folders (and what the base policy did) ---------
 CLIP_ARMS = ("0.2", "0.28", "0.4")
+TL_ARMS = (("per-sample", "per-sample loss"), ("token-level", "token-level loss"))
+GS_ARMS = (("2", "GRPO 32 prompts x 2"), ("8", "GRPO 8 prompts x 8"), ("32", "GRPO 2 prompts x 32"))
+P_BASE = {"1-10": 0.71, "11-20": 0.22, "21-30": 0.04, "31-40": 0.005}  # docs/lab.md experiment 6's arithmetic
+NLL_ARMS = (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1"))
+VP_ARMS = (("falling", "falling slope -0.5, no value pretraining"), ("pretrained", "falling slope -0.5, value "
+           "pretraining"), ("control", "V* alone (control)"))
+PROFILE = "lab-profile.json"  # a final policy's profile, cached in its run folder
+PROFILE_PROBLEMS = 200  # held-out long-chain problems (five per step count), one sample each at temperature 1
 
 
-def measure_clip_higher(arms: dict[str, str]) -> dict:
-    """One seed's clip-higher measures (docs/lab.md, experiment 4) from its three arms' decisions.jsonl and evaluations:
-    per arm the growth of the right digit's probability at decisions where the clip bound was reached (pooled over
-    steps), the share of pushed decisions that reached it, the rise of p(right) over the first 6 rollouts, the change
-    of entropy at borrow decisions over the first 3 and 6, avg@4 at step 6 and avg@4 / pass@4 at the end; and the
-    paired differences between arms the predictions name."""
+def _eval_curve(folder: str, key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in common.evaluations(common.read_records(folder)) if key in r]
+
+
+def _per_step(folder: str, key: str) -> list[float]:
+    return [r.get(key, math.nan) for r in common.rl_steps(common.read_records(folder))]
+
+
+def _end(m: dict, key: str, folder: str) -> None:
+    """avg@2 and pass@2 at the run's first and last evaluations into m."""
+    evals = common.evaluations(common.read_records(folder))
+    for name in ("acc_avg@2", "pass@2"):
+        short = name.removeprefix("acc_")
+        m[f"{key}|{short}_start"] = evals[0].get(f"eval/{name}", math.nan) if evals else math.nan
+        m[f"{key}|{short}_end"] = evals[-1].get(f"eval/{name}", math.nan) if evals else math.nan
+
+
+def measure_clip_higher(arms: dict[str, str], base: dict) -> dict:
+    """Experiment 4's measures, per arm and their differences (docs/lab.md: "What the judges fix")."""
     m, curves = {}, {}
     for e in CLIP_ARMS:
-        d = read_decisions(arms[f"eps_high {e}"])
+        folder = arms[f"eps_high {e}"]
+        d = read_decisions(folder)
         steps = sorted(d)
-        binding = sum(d[k].get("binding", 0) for k in steps)
-        pushed = sum(d[k].get("pushed", 0) for k in steps)
-        m[f"{e}|growth_binding"] = (sum(d[k]["growth_binding"] * d[k]["binding"] for k in steps if d[k].get("binding"))
-                                    / binding if binding else math.nan)
-        m[f"{e}|growth_pushed"] = (sum(d[k]["growth_pushed"] * d[k]["pushed"] for k in steps if d[k].get("pushed"))
-                                   / pushed if pushed else math.nan)
-        m[f"{e}|binding_share"] = binding / pushed if pushed else math.nan
-        m[f"{e}|rise6"] = d[6]["p_right_after"] - d[1]["p_right_before"] if {1, 6} <= set(d) else math.nan
-        m[f"{e}|dH3"] = d[3]["entropy_after"] - d[1]["entropy_before"] if {1, 3} <= set(d) else math.nan
-        m[f"{e}|dH6"] = d[6]["entropy_after"] - d[1]["entropy_before"] if {1, 6} <= set(d) else math.nan
         last = max(steps) if steps else 0
-        m[f"{e}|avg@4_6"] = _eval_at(arms[f"eps_high {e}"], 6, "eval/acc_avg@4")
-        m[f"{e}|avg@4_end"] = _eval_at(arms[f"eps_high {e}"], last, "eval/acc_avg@4")
-        m[f"{e}|pass@4_end"] = _eval_at(arms[f"eps_high {e}"], last, "eval/pass@4")
+        totals = {key: sum(d[k].get(key, 0) for k in steps) for key in ("binding", "pushed")}
+        for key in ("binding", "pushed"):
+            m[f"{e}|growth_{key}"] = (sum(d[k][f"growth_{key}"] * d[k][key] for k in steps if d[k].get(key))
+                                      / totals[key] if totals[key] else math.nan)
+        m[f"{e}|binding_share"] = totals["binding"] / totals["pushed"] if totals["pushed"] else math.nan
+        m[f"{e}|rise6"] = d[6]["p_right_after"] - d[1]["p_right_before"] if {1, 6} <= set(d) else math.nan
+        for k in (3, 6):
+            m[f"{e}|dH{k}"] = d[k]["entropy_after"] - d[1]["entropy_before"] if {1, k} <= set(d) else math.nan
+        for key, step, measure in (("acc_avg@4", 6, "avg@4_6"), ("acc_avg@4", last, "avg@4_end"),
+                                   ("pass@4", last, "pass@4_end")):
+            m[f"{e}|{measure}"] = next((v for s, v in _eval_curve(folder, f"eval/{key}") if s == step), math.nan)
         curves[e] = {"p_right": [d[k]["p_right_before"] for k in steps] + [d[last]["p_right_after"]] if steps else [],
                      "entropy": [d[k]["entropy_before"] for k in steps] + [d[last]["entropy_after"]] if steps else [],
                      "growth_binding": [d[k].get("growth_binding") for k in steps],
-                     "avg@4": [(r["step"], r["eval/acc_avg@4"]) for r in
-                               common.evaluations(common.read_records(arms[f"eps_high {e}"]))]}
+                     "avg@4": _eval_curve(folder, "eval/acc_avg@4")}
     for hi, lo in (("0.4", "0.28"), ("0.28", "0.2")):
         m[f"rise6|{hi}-{lo}"] = m[f"{hi}|rise6"] - m[f"{lo}|rise6"]
         m[f"avg@4_6|{hi}-{lo}"] = m[f"{hi}|avg@4_6"] - m[f"{lo}|avg@4_6"]
@@ -877,56 +669,9 @@ def measure_clip_higher(arms: dict[str, str]) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_clip_higher(s: dict) -> list[tuple[str, str]]:
-    out = [(f"1. eps_high {e}: the right digit grows by at most 1 + eps_high + 0.1 where the bound was reached",
-            judge(s[f"{e}|growth_binding"], hi=1 + float(e) + 0.1)) for e in CLIP_ARMS]
-    out.append(("1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2",
-                combine([judge(s["rise6|0.4-0.28"], lo=0), judge(s["rise6|0.28-0.2"], lo=0)])))
-    out.append(("2. entropy at borrow decisions rises over the first 3 rollouts (p(right) below 1/2), every arm",
-                combine([judge(s[f"{e}|dH3"], lo=0) for e in CLIP_ARMS])))
-    out.append(("2. the issue's: entropy at decisions falls faster at 0.2 than at 0.28 from the start (6 rollouts; "
-                "the page expects this to fail)", judge(s["dH6|0.2-0.28"], hi=0)))
-    out.append(("3. avg@4 at step 6 ordered 0.4 >= 0.28 >= 0.2",
-                combine([judge(s["avg@4_6|0.4-0.28"], lo=0), judge(s["avg@4_6|0.28-0.2"], lo=0)])))
-    return out
-
-
-def draw_clip_higher(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for i, e in enumerate(CLIP_ARMS):
-        for key, ax in (("p_right", axes[0]), ("entropy", axes[1])):
-            rows = [r["curves"][e][key] for r in results if r["curves"][e][key]]
-            if rows:
-                n = min(map(len, rows))
-                ax.plot(range(n), _mean([row[:n] for row in rows]), color=f"C{i}", label=f"eps_high {e}")
-        points = [dict(r["curves"][e]["avg@4"]) for r in results]
-        steps = sorted(set.intersection(*(set(p) for p in points))) if points else []
-        axes[2].plot(steps, [statistics.mean(p[k] for p in points) for k in steps], "o-", color=f"C{i}",
-                     label=f"eps_high {e}")
-    axes[0].set(title="p(right tens digit) at the batch's borrow decisions", xlabel="rollout (before its update)")
-    axes[1].set(title="entropy at the borrow decisions (nats)", xlabel="rollout (before its update)")
-    axes[2].set(title="held-out avg@4", xlabel="step")
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"clip-higher (GRPO, 16 optimizer steps a rollout), mean of {len(results)} seeds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# The final policies of the long-chain experiments, judged on held-out problems, cached in their run folder
-PROFILE = "lab-profile.json"
-PROFILE_PROBLEMS = 200  # held-out long-chain problems (five per step count), one sample each at temperature 1
-
-
 def profile(folder: str, cache: str | None = None) -> dict:
-    """A policy (a run folder's final checkpoint, or a shipped model's name) on PROFILE_PROBLEMS held-out long-chain
-    problems, one sample each at temperature 1 from a fixed seed (task.evaluate_accuracy), by step band: accuracy,
-    mean length in tokens, the habit (per borrow step: its rate, and its counts), misread lookups (per step), and
-    the share of responses whose first error is an early answer line ("early", task.first_error_kind); and the
-    lookup rate on 27-40 steps, where the terms are labelled A-N. Cached in cache (default: the run folder's
-    lab-profile.json)."""
+    """A policy (a run folder's final checkpoint, or a shipped model's name) on PROFILE_PROBLEMS held-out problems, by
+    step band and at 27-40 steps (task.evaluate_accuracy); cached in cache (default the run folder's PROFILE)."""
     cache = cache or os.path.join(folder, PROFILE)
     if os.path.exists(cache):
         return common.read_json(cache)
@@ -947,28 +692,27 @@ def profile(folder: str, cache: str | None = None) -> dict:
     return out
 
 
+def policy_path(folder: str) -> str:
+    """A run folder's final policy (its checkpoint), or a shipped model's folder for its name."""
+    checkpoint = os.path.join(folder, "checkpoint", "policy")
+    return checkpoint if os.path.isdir(checkpoint) else folder_of(folder)
+
+
 def _pooled_habit(p: dict, bands) -> float:
     return sum(p[b]["habit"] for b in bands) / max(sum(p[b]["borrow"] for b in bands), 1)
 
 
-SHORT, LONG_BANDS = ("1-10", "11-20"), ("21-30", "31-40")
-
-
 def measure_token_level(arms: dict[str, str], base: dict) -> dict:
-    """One seed's token-level measures (docs/lab.md, experiment 5): per arm the habit's decline from the base by band
-    (held-out, profile), the batches' borrow decisions by band (exposures, from decisions.jsonl), the long bands'
-    decline per exposure over the short bands' (21-40 against 1-20 steps, pooled), the overall decline, and misreads
-    at 27-40 steps; and the arms' paired differences. Curves: the habit's share of each batch's borrow decisions, steps
-    1-20 and 21-40."""
-    m, curves = {}, {}
-    for key, label in (("per-sample", "per-sample loss"), ("token-level", "token-level loss")):
+    """Experiment 5's measures: the habit's decline by band (profile) against the batches' exposures to it."""
+    m, curves, short, long = {}, {}, STEP_BANDS[:2], STEP_BANDS[2:]
+    for key, label in TL_ARMS:
         final, d = profile(arms[label]), read_decisions(arms[label])
         exposures = {b: sum(r.get(f"exposures|{b}", 0) for r in d.values()) for b in STEP_BANDS}
         for b in STEP_BANDS:
             m[f"{key}|decline|{b}"] = base[b]["habit_rate"] - final[b]["habit_rate"]
             m[f"{key}|exposures|{b}"] = exposures[b]
         per = [(_pooled_habit(base, bands) - _pooled_habit(final, bands)) / max(sum(exposures[b] for b in bands), 1)
-               for bands in (SHORT, LONG_BANDS)]
+               for bands in (short, long)]
         m[f"{key}|long_over_short"] = per[1] / per[0] if per[0] > 0 else math.nan
         m[f"{key}|decline"] = _pooled_habit(base, STEP_BANDS) - _pooled_habit(final, STEP_BANDS)
         m[f"{key}|lookup_27_40"] = final["27-40"]["lookup_rate"]
@@ -976,7 +720,7 @@ def measure_token_level(arms: dict[str, str], base: dict) -> dict:
             m[f"{key}|habit|{b}"] = final[b]["habit_rate"]
         curves[key] = {part: [sum(d[k].get(f"habit|{b}", 0) for b in bands)
                               / max(sum(d[k].get(f"exposures|{b}", 0) for b in bands), 1) for k in sorted(d)]
-                       for part, bands in (("1-20", SHORT), ("21-40", LONG_BANDS))}
+                       for part, bands in (("1-20", short), ("21-40", long))}
     for b in STEP_BANDS:
         m[f"base|habit|{b}"] = base[b]["habit_rate"]
     m["decline|per-sample-token-level"] = m["per-sample|decline"] - m["token-level|decline"]
@@ -984,45 +728,21 @@ def measure_token_level(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_token_level(s: dict) -> list[tuple[str, str]]:
-    ratio = {k: s[f"{k}|long_over_short"] for k in ("per-sample", "token-level")}
-    issue = ratio["per-sample"][0] < 0.5 and ratio["token-level"][0] >= 0.8
-    return [("1. long bands' (21-40) habit decline per exposure >= 0.7 of the short bands' (1-20), both arms",
-             "falsified" if issue else combine([judge(ratio[k], lo=0.7) for k in ratio])),
-            ("2. the habit falls at least as fast overall under the per-sample loss",
-             judge(s["decline|per-sample-token-level"], lo=0)),
-            ("3. misreads at 27-40 steps: the two losses not separated", _null(s["lookup_27_40|per-sample-token-level"]))]
-
-
-def _null(stat) -> str:
-    """A prediction of no difference: confirmed when the difference is within 2 SE of 0, falsified when not."""
-    verdict = judge(stat, 0, 0)
-    return "not measured" if verdict == "not measured" else "falsified" if verdict == "falsified" else "confirmed"
-
-
-P_BASE = {"1-10": 0.71, "11-20": 0.22, "21-30": 0.04, "31-40": 0.005}  # docs/lab.md experiment 6's arithmetic
-GS_ARMS = (("2", "GRPO 32 prompts x 2"), ("8", "GRPO 8 prompts x 8"), ("32", "GRPO 2 prompts x 32"))
-
-
 def measure_group_sampling(arms: dict[str, str], base: dict) -> dict:
-    """One seed's group-sampling measures (docs/lab.md, experiment 6): per arm the logged share of groups whose
-    rewards are all equal at step 1 and the arithmetic's (p^G + (1 - p)^G at the base's p of each sample's band,
-    over the batch's bands, from decisions.jsonl), avg@2 and pass@2 at the end; with --extension VAPO at G = 1 and 8.
-    Curves: the share of all-equal groups per step, and held-out avg@2."""
+    """Experiment 6's measures: the share of all-equal groups at step 1 against p^G + (1 - p)^G; avg@2, pass@2."""
     m, curves = {}, {}
     for g, label in GS_ARMS:
-        records = common.rl_steps(common.read_records(arms[label]))
+        all_same = _per_step(arms[label], "groups_all_same")
         rows = read_decisions(arms[label]).get(1, {})
         n = sum(rows.get(f"rows|{b}", 0) for b in STEP_BANDS)
         G = int(g)
         predicted = (sum(rows.get(f"rows|{b}", 0) * (P_BASE[b] ** G + (1 - P_BASE[b]) ** G) for b in STEP_BANDS) / n
                      if n else math.nan)
-        m[f"{g}|all_same_1"] = records[0]["groups_all_same"] if records else math.nan
+        m[f"{g}|all_same_1"] = all_same[0] if all_same else math.nan
         m[f"{g}|all_same_1_predicted"] = predicted
         m[f"{g}|all_same_1_miss"] = m[f"{g}|all_same_1"] - predicted
         _end(m, g, arms[label])
-        curves[g] = {"all_same": _per_step(arms[label], "groups_all_same"),
-                     "avg@2": _eval_curve(arms[label], "eval/acc_avg@2")}
+        curves[g] = {"all_same": all_same, "avg@2": _eval_curve(arms[label], "eval/acc_avg@2")}
     m["avg@2|8-2"] = m["8|avg@2_end"] - m["2|avg@2_end"]
     m["avg@2|32-8"] = m["32|avg@2_end"] - m["8|avg@2_end"]
     if "VAPO 8 prompts x 8" in arms:
@@ -1032,44 +752,9 @@ def measure_group_sampling(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def _per_step(folder: str, key: str) -> list[float]:
-    """A metric of each RL step of a run (metrics.jsonl), in order."""
-    return [r.get(key, math.nan) for r in common.rl_steps(common.read_records(folder))]
-
-
-def _eval_curve(folder: str, key: str) -> list[tuple[int, float]]:
-    return [(r["step"], r[key]) for r in common.evaluations(common.read_records(folder)) if key in r]
-
-
-def _end(m: dict, key: str, folder: str) -> None:
-    """avg@2 and pass@2 at the run's first and last evaluations into m."""
-    evals = common.evaluations(common.read_records(folder))
-    for name in ("acc_avg@2", "pass@2"):
-        short = name.removeprefix("acc_")
-        m[f"{key}|{short}_start"] = evals[0].get(f"eval/{name}", math.nan) if evals else math.nan
-        m[f"{key}|{short}_end"] = evals[-1].get(f"eval/{name}", math.nan) if evals else math.nan
-
-
-def verdicts_group_sampling(s: dict) -> list[tuple[str, str]]:
-    out = [("1. step 1's share of all-equal groups within 0.1 of the arithmetic, every G",
-            combine([judge(s[f"{g}|all_same_1_miss"], -0.1, 0.1) for g, _ in GS_ARMS])),
-           ("2. avg@2 at the end: G = 8 above G = 2", judge(s["avg@2|8-2"], lo=0)),
-           ("2. G = 32 against G = 8 (no prediction: recorded)", "not judged")]
-    if "avg@2|vapo8-vapo1" in s:
-        out.append(("3. VAPO at G = 1 and G = 8 not separated", _null(s["avg@2|vapo8-vapo1"])))
-    return out
-
-
-def policy_path(folder: str) -> str:
-    """A run folder's final policy (its checkpoint), or a shipped model's folder for its name."""
-    checkpoint = os.path.join(folder, "checkpoint", "policy")
-    return checkpoint if os.path.isdir(checkpoint) else folder_of(folder)
-
-
 def decision_entropy(folder: str, ref: dict, cache: str | None = None) -> float:
     """Mean entropy of a run's final policy (or a shipped model's) at the borrow decisions of a fixed set of the base's
-    responses (ref: {"rollout", "decisive"} of common.sample_set), cached in cache (default: the run folder's
-    lab-entropy.json)."""
+    responses (ref: common.sample_set's rollout and decisive), cached in cache (default the run's lab-entropy.json)."""
     cache = cache or os.path.join(folder, "lab-entropy.json")
     if os.path.exists(cache):
         return common.read_json(cache)["entropy_at_decisions"]
@@ -1086,19 +771,15 @@ def decision_entropy(folder: str, ref: dict, cache: str | None = None) -> float:
 
 
 def measure_nll(arms: dict[str, str], base: dict) -> dict:
-    """One seed's nll measures (docs/lab.md, experiment 7): per arm the final policy's entropy at the borrow decisions
-    of a fixed set of the base's responses, its fall from the base's, avg@2 and pass@2 gains from the first to the
-    last evaluation, and the change of pass@2 - avg@2; the NLL arm's differences from GRPO's. Curves: held-out avg@2
-    and pass@2, and the batches' mean entropy per step (all response tokens)."""
+    """Experiment 7's measures: entropy at the base's borrow decisions, and the gains of avg@2 and pass@2."""
     m, curves = {}, {}
-    for key, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1")):
+    for key, label in NLL_ARMS:
         if label not in arms:
             continue
         m[f"{key}|entropy_fall"] = base["entropy_at_decisions"] - decision_entropy(arms[label], base["ref"])
         m[f"{key}|entropy_at_decisions"] = base["entropy_at_decisions"] - m[f"{key}|entropy_fall"]
         curves[key] = {"avg@2": _eval_curve(arms[label], "eval/acc_avg@2"),
-                       "pass@2": _eval_curve(arms[label], "eval/pass@2"),
-                       "entropy": _per_step(arms[label], "entropy")}
+                       "pass@2": _eval_curve(arms[label], "eval/pass@2"), "entropy": _per_step(arms[label], "entropy")}
         _end(m, key, arms[label])
         m[f"{key}|avg@2_gain"] = m[f"{key}|avg@2_end"] - m[f"{key}|avg@2_start"]
         m[f"{key}|gap_change"] = ((m[f"{key}|pass@2_end"] - m[f"{key}|avg@2_end"])
@@ -1109,21 +790,8 @@ def measure_nll(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_nll(s: dict) -> list[tuple[str, str]]:
-    return [("1. entropy at borrow decisions falls more with the NLL", judge(s["entropy_fall|nll-grpo"], lo=0)),
-            ("2. avg@2 gains at least 5 points more with the NLL", judge(s["avg@2_gain|nll-grpo"], lo=0.05)),
-            ("2. pass@2 - avg@2 shrinks more with the NLL (sharpening)", judge(s["gap_change|nll-grpo"], hi=0))]
-
-
-VP_ARMS = (("falling", "falling slope -0.5, no value pretraining"), ("pretrained", "falling slope -0.5, value "
-           "pretraining"), ("control", "V* alone (control)"))
-
-
 def measure_value_pretraining_rl(arms: dict[str, str], base: dict) -> dict:
-    """One seed's value-pretraining-rl measures (docs/lab.md, experiment 1, part 2): per arm the final policy's mean
-    response length on 21-40-step problems relative to the base's, and its share of early answer lines there
-    (held-out, profile); the arms' paired differences. Curves: the batches' mean response length and mean advantage
-    on the first tenth of each response, per step."""
+    """Experiment 1 part 2's measures: the held-out length at 21-40 steps against the base's, and early answers."""
     m, curves = {}, {}
     base_len = (base["21-30"]["mean_tokens"] + base["31-40"]["mean_tokens"]) / 2
     for key, label in VP_ARMS:
@@ -1139,40 +807,299 @@ def measure_value_pretraining_rl(arms: dict[str, str], base: dict) -> dict:
     return {"measures": m, "curves": curves}
 
 
-def verdicts_value_pretraining_rl(s: dict) -> list[tuple[str, str]]:
-    return [("falling bias, no value pretraining: 21-40-step responses at least 30% shorter than the base's",
-             judge(s["falling|length_change_21_40"], hi=-0.3)),
-            ("... and shorter than the control's", judge(s["length|falling-control"], hi=0)),
-            ("with value pretraining: within 10% of the control's length",
-             judge(s["length|pretrained-control"], -0.1, 0.1))]
+def draw_clip_higher(results: list[dict], path: str) -> None:
+    arms = [(e, f"eps_high {e}") for e in CLIP_ARMS]
+    draw(path, f"clip-higher (GRPO, 16 optimizer steps a rollout), mean of {len(results)} seeds", [
+        _steps_panel(results, arms, "p_right", "p(right tens digit) at the batch's borrow decisions", first=0),
+        _steps_panel(results, arms, "entropy", "entropy at the borrow decisions (nats)", first=0),
+        _evals_panel(results, arms, ["avg@4"])])
 
 
-def _stat(results: list[dict], key: str) -> tuple[float, float]:
-    return summarise(results).get(key, (math.nan, math.nan))
+def draw_token_level(results: list[dict], path: str) -> None:
+    habit = {"title": "held-out habit rate by step band (forgotten borrows / borrow steps), after 16 steps",
+             "xlabel": "problem's steps", "bars": (STEP_BANDS, [(label, *_stats(results, [f"{key}|habit|{b}" for b in
+                                                                                              STEP_BANDS]))
+                                                                 for key, label in (("base", "base"), *TL_ARMS)])}
+    share = {"title": "habit's share of the batch's borrow decisions, per step", "xlabel": "RL step",
+             "lines": [(range(1, len(ys) + 1), ys, style, {"color": f"C{i + 1}", "label": f"{label}, {part} steps"})
+                       for i, (key, label) in enumerate(TL_ARMS) for part, style in (("1-20", "-"), ("21-40", "--"))
+                       for ys in [_curve_mean(results, key, part)]]}
+    draw(path, f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", [habit, share], width=5.5)
 
 
-def _bars(ax, results: list[dict], groups: list[str], series: list[tuple[str, str]], title: str) -> None:
-    """Grouped bars: for each group g, one bar per (label, key pattern with {g}), mean +- SE over seeds."""
-    width = 0.8 / len(series)
-    for i, (label, pattern) in enumerate(series):
-        stats = [_stat(results, pattern.format(g=g)) for g in groups]
-        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(groups))], [m for m, _ in stats], width,
-               yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
-    ax.set_xticks(range(len(groups)), groups)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+def draw_group_sampling(results: list[dict], path: str) -> None:
+    groups = [g for g, _ in GS_ARMS]
+    share = {"title": "share of samples in all-equal groups, step 1", "xlabel": "prompts x samples a prompt",
+             "bars": ([f"{64 // int(g)} x {g}" for g in groups],
+                      [(label, *_stats(results, [f"{g}|{key}" for g in groups]))
+                       for label, key in (("logged", "all_same_1"), ("arithmetic", "all_same_1_predicted"))])}
+    draw(path, f"group sampling at 64 samples a step (GRPO, --preset long), mean of {len(results)} seeds", [
+        share, _steps_panel(results, GS_ARMS, "all_same", "share in all-equal groups (no GRPO signal), per step"),
+        _evals_panel(results, GS_ARMS, ["avg@2"])])
 
 
-def _stat_bars(ax, stats: list[tuple[float, float]], labels: list[str]) -> None:
-    """One bar per (mean, SE) in stats, its SE as the error bar (none where it is NaN), colours C0, C1, ..."""
-    ax.bar(range(len(stats)), [m for m, _ in stats], yerr=[se if se == se else 0 for _, se in stats],
-           color=[f"C{i}" for i in range(len(stats))])
-    ax.set_xticks(range(len(stats)), labels, fontsize=7)
+def draw_nll(results: list[dict], path: str) -> None:
+    arms = [(k, label) for k, label in NLL_ARMS if f"{k}|entropy_at_decisions" in results[0]["measures"]]
+    entropy = {"title": "entropy at the borrow decisions of the base's responses (nats)",
+               "bars": (["base"] + [label for _, label in arms],
+                        [(None, *_stats(results, [f"{k}|entropy_at_decisions" for k, _ in [("base", ""), *arms]]))])}
+    draw(path, f"positive-example NLL (GRPO, --preset long), mean of {len(results)} seeds", [
+        entropy, _evals_panel(results, arms, ["avg@2", "pass@2"], first_color=1),
+        _steps_panel(results, arms, "entropy", "the batch's mean entropy (all response tokens)", first_color=1)])
 
 
-def _plot_steps(ax, curve: list[float], **style) -> None:
-    """A per-RL-step curve (step 1 first)."""
-    ax.plot(range(1, len(curve) + 1), curve, **style)
+def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
+    change = {"title": "held-out length, 21-40 steps: change from the base\n(dotted: the -30% predicted)",
+              "hline": -0.3, "ylim": (-0.35, 0.05),
+              "bars": (["falling, no VP", "falling, VP", "V* alone"],
+                       [(None, *_stats(results, [f"{key}|length_change_21_40" for key, _ in VP_ARMS]))])}
+    draw(path, f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds", [
+        _steps_panel(results, VP_ARMS, "length", "the batch's mean response length (tokens)"),
+        _steps_panel(results, VP_ARMS, "advantage_first_tenth", "mean advantage on each response's first tenth"),
+        change])
+
+
+# --- the written predictions: docs/lab.md's thresholds, judged on the mean and SE over seeds ------------------------
+def judge(stat, lo=None, hi=None) -> str:
+    """stat = (mean, SE): confirmed when inside [lo, hi] by more than 2 SE, falsified when outside by more than 2 SE,
+    else not separated; NaN: not measured."""
+    mean, se = stat
+    if mean != mean:
+        return "not measured"
+    lo = -math.inf if lo is None else lo
+    hi = math.inf if hi is None else hi
+    if lo <= mean - 2 * se and mean + 2 * se <= hi:
+        return "confirmed"
+    if mean + 2 * se < lo or mean - 2 * se > hi:
+        return "falsified"
+    return "not separated"
+
+
+def combine(verdicts: list[str]) -> str:
+    """All confirmed -> confirmed; any falsified -> falsified; else not separated."""
+    if "falsified" in verdicts:
+        return "falsified"
+    if verdicts and all(v == "confirmed" for v in verdicts):
+        return "confirmed"
+    return "not separated"
+
+
+def check(s: dict, keys, lo=None, hi=None) -> str:
+    """judge() of a measure (a key of s), of a paired difference (a, b), or of a list of these, all within [lo, hi];
+    "no difference" as lo: a null, confirmed unless the measure is more than 2 SE from 0."""
+    if isinstance(keys, list):
+        return combine([check(s, k, lo, hi) for k in keys])
+    stat = _diff(s, *keys) if isinstance(keys, tuple) else s.get(keys, (math.nan, 0.0))
+    if lo == "no difference":
+        verdict = judge(stat, 0, 0)
+        return verdict if verdict in ("not measured", "falsified") else "confirmed"
+    return judge(stat, lo, hi)
+
+
+class Stats(dict):
+    """{measure: (mean, SE over seeds)}, with the seeds' own measures kept (per_seed) for paired differences."""
+    per_seed: list[dict] = []
+
+
+def summarise(per_seed: list[dict]) -> Stats:
+    """{measure: (mean, standard error over seeds)} of the seeds' "measures" (NaN ones left out; SE 0 for one)."""
+    out = Stats()
+    out.per_seed = per_seed
+    for key in per_seed[0]["measures"]:
+        vals = [r["measures"][key] for r in per_seed if r["measures"].get(key) == r["measures"].get(key)]
+        if not vals:
+            out[key] = (math.nan, 0.0)
+            continue
+        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
+        out[key] = (statistics.mean(vals), se)
+    return out
+
+
+def _diff(s: dict, a: str, b: str) -> tuple[float, float]:
+    """(mean, SE over seeds) of a - b, paired (from each seed's own difference) when s holds the seeds' measures,
+    else as if the two were independent (docs/lab.md, experiment 1: "On the SE")."""
+    per_seed = getattr(s, "per_seed", [])
+    if per_seed:
+        diffs = [r["measures"][a] - r["measures"][b] for r in per_seed if a in r["measures"] and b in r["measures"]]
+        diffs = [d for d in diffs if d == d]
+        if diffs:
+            return statistics.mean(diffs), (statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0)
+        return math.nan, 0.0
+    (ma, sa), (mb, sb) = s.get(a, (math.nan, 0)), s.get(b, (math.nan, 0))
+    return ma - mb, math.hypot(sa, sb)
+
+
+VP_TABLE = {  # docs/lab.md experiment 1, prediction 3: (lo, hi) per step band of the share reversed at lambda 0.95
+    "0:-0.5": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
+    "0:-0.25": ((0, 0.05), (0, 0.1), (0, 0.5), (0.6, 1)),
+    "-0.5:0.125": ((0, 0.05), (0, 0.15), (0.3, 0.9), (0.8, 1)),
+    "0:0.5": ((0, 0),) * 4, "0.5:0": ((0, 0),) * 4, "0:0": ((0, 0),) * 4}
+
+
+def _predictions_value_pretraining(s: dict) -> list[tuple[str, str]]:
+    out = [("1. measured shifts = (A1)-(A2) within 1e-4, every bias and lambda",
+            check(s, [k for k in s if k.endswith("max_abs_difference")], hi=1e-4)),
+           ("2. lambda 1 reverses no decision", check(s, [k for k in s if "|1|" in k and ("|stop|" in k or "|eos|" in k)],
+                                                       0, 0))]
+    for bias, ranges in VP_TABLE.items():
+        out.append((f"3. lambda 0.95, {bias}: stop reversed in the table's ranges",
+                    combine([check(s, f"{bias}|0.95|stop|{b}", lo, hi) for b, (lo, hi) in zip(STEP_BANDS, ranges)])))
+        if bias in ("0:-0.5", "0:-0.25", "-0.5:0.125"):
+            out.append((f"3. adaptive lambda, {bias}: at least lambda 0.95's share at 21-40 steps",
+                        check(s, [(f"{bias}|adaptive|stop|{b}", f"{bias}|0.95|stop|{b}") for b in STEP_BANDS[2:]], 0)))
+    for bias in ("0:0.5", "0.5:0"):
+        out.append((f"4. lambda 0.95, {bias}: going on at EOS looks better on every wrong response, no right one",
+                    check(s, [(f"{bias}|0.95|eos|{b}", f"wrong|{b}") for b in STEP_BANDS], -0.02, 0.02)))
+    for bias in ("0:-0.5", "0:-0.25", "0:0"):
+        out.append((f"4. lambda 0.95, {bias}: going on at EOS never looks better",
+                    check(s, [f"{bias}|0.95|eos|{b}" for b in STEP_BANDS], 0, 0)))
+    return out
+
+
+def _predictions_decoupled(s: dict) -> list[tuple[str, str]]:
+    if s.per_seed[0]["bias"] != "0.5:0":
+        return [("no written prediction for this bias (docs/lab.md writes it for 0.5:0)", "not judged")]
+    long = LENGTH_BAND_NAMES[-1]
+    spread = [s[f"1|{long}|{k}"][0] for k in range(FIFTHS)]
+    ones = [check(s, f"1|{band}|{k}", -0.1, 0.1) for band in LENGTH_BAND_NAMES for k in range(FIFTHS)
+            if s[f"1|{band}|tokens"][0] >= 500]
+    return [("1. lambda 1: residual <= 0.1 in every fifth of every band of >= 500 tokens, fifths of 300+ within 0.1",
+             combine(ones + ["confirmed" if max(spread) - min(spread) <= 0.1 else "falsified"])),
+            ("2. lambda 0.95: the first fifth of 300+-token responses keeps >= 0.25, more than lambda 1 there",
+             combine([check(s, f"0.95|{long}|0", 0.25), check(s, (f"0.95|{long}|0", f"1|{long}|0"), 0)])),
+            ("3. lambda 0.95: first fifth of 300+ above its last fifth by > 0.05",
+             check(s, (f"0.95|{long}|0", f"0.95|{long}|4"), 0.05))]
+
+
+def _predictions_length_adaptive(s: dict) -> list[tuple[str, str]]:
+    bands = [b for b in LENGTH_BAND_NAMES if s.get(f"band|{b}|tokens", (0, 0))[0] >= 1000]
+    out = [("1. exact: best lambda 0 and correlation 1 in every band",
+            combine([check(s, [f"exact|{b}|lambda" for b in bands], 0, 0),
+                     check(s, [f"exact|{b}|corr_at_0" for b in bands], 0.999)]))]
+    out += [(f"2. {name}: best lambda 0 in every band", check(s, [f"{name}|{b}|lambda" for b in bands], 0, 0))
+            for name in LA_CRITICS if name.startswith("exact+bias:")]
+    for name in [c for c in LA_CRITICS if c.startswith("exact+noise:")]:
+        cells = []
+        for b in bands:
+            predicted = math.log10(noise_horizon(float(name.split(":")[1]), s[f"band|{b}|v"][0]))
+            cells.append(check(s, f"{name}|{b}|log10_horizon", predicted - math.log10(2), predicted + math.log10(2)))
+        if len(bands) >= 2:
+            cells.append(check(s, (f"{name}|{bands[-1]}|log10_horizon", f"{name}|{bands[0]}|log10_horizon"), 0))
+        out.append((f"3. {name}: best H within 2x of sigma-over-v's in every band, rising with length", combine(cells)))
+    out += [(f"4. {name}: best lambda >= 0.98 in every band", check(s, [f"{name}|{b}|lambda" for b in bands], 0.98))
+            for name in ("floor", "builtin-long-rm", "pretrained")]
+    for name in ("builtin-long-rm", "pretrained") if len(bands) >= 2 else ():
+        alphas = [10 ** s[f"{name}|{b}|log10_horizon"][0] / s[f"band|{b}|mean_length"][0] for b in bands]
+        law = (s[f"{name}|{bands[0]}|lambda"][0] <= 0.9 and s[f"{name}|{bands[-1]}|lambda"][0] >= 0.98
+               and max(alphas) <= 2 * min(alphas))
+        out.append((f"5. the paper's law (one alpha, lambda rising with length) does not describe {name}",
+                    "falsified" if law else "confirmed"))
+    return out
+
+
+def _predictions_token_level(s: dict) -> list[tuple[str, str]]:
+    ratio = {k: s[f"{k}|long_over_short"] for k, _ in TL_ARMS}
+    issue = ratio["per-sample"][0] < 0.5 and ratio["token-level"][0] >= 0.8
+    return [("1. long bands' (21-40) habit decline per exposure >= 0.7 of the short bands' (1-20), both arms",
+             "falsified" if issue else check(s, [f"{k}|long_over_short" for k in ratio], 0.7)),
+            ("2. the habit falls at least as fast overall under the per-sample loss",
+             check(s, "decline|per-sample-token-level", 0)),
+            ("3. misreads at 27-40 steps: the two losses not separated",
+             check(s, "lookup_27_40|per-sample-token-level", "no difference"))]
+
+
+# docs/lab.md's written predictions, judged on the mean and SE over seeds: {experiment: s -> [(text, verdict)]}
+
+
+# docs/lab.md's written predictions, judged on the mean and SE over seeds: {experiment: s -> [(text, verdict)]}
+PREDICTIONS = {
+    "value-pretraining": _predictions_value_pretraining,
+    "decoupled-gae": _predictions_decoupled,
+    "length-adaptive": _predictions_length_adaptive,
+    "clip-higher": lambda s: [
+        *[(f"1. eps_high {e}: the right digit grows by at most 1 + eps_high + 0.1 where the bound was reached",
+           check(s, f"{e}|growth_binding", hi=1 + float(e) + 0.1)) for e in CLIP_ARMS],
+        ("1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2", check(s, ["rise6|0.4-0.28", "rise6|0.28-0.2"], 0)),
+        ("2. entropy at borrow decisions rises over the first 3 rollouts (p(right) below 1/2), every arm",
+         check(s, [f"{e}|dH3" for e in CLIP_ARMS], 0)),
+        ("2. the issue's: entropy at decisions falls faster at 0.2 than at 0.28 from the start (6 rollouts; the page "
+         "expects this to fail)", check(s, "dH6|0.2-0.28", hi=0)),
+        ("3. avg@4 at step 6 ordered 0.4 >= 0.28 >= 0.2", check(s, ["avg@4_6|0.4-0.28", "avg@4_6|0.28-0.2"], 0))],
+    "token-level": _predictions_token_level,
+    "group-sampling": lambda s: [
+        ("1. step 1's share of all-equal groups within 0.1 of the arithmetic, every G",
+         check(s, [f"{g}|all_same_1_miss" for g, _ in GS_ARMS], -0.1, 0.1)),
+        ("2. avg@2 at the end: G = 8 above G = 2", check(s, "avg@2|8-2", 0)),
+        ("2. G = 32 against G = 8 (no prediction: recorded)", "not judged"),
+        *([("3. VAPO at G = 1 and G = 8 not separated", check(s, "avg@2|vapo8-vapo1", "no difference"))]
+          if "avg@2|vapo8-vapo1" in s else [])],
+    "nll": lambda s: [
+        ("1. entropy at borrow decisions falls more with the NLL", check(s, "entropy_fall|nll-grpo", 0)),
+        ("2. avg@2 gains at least 5 points more with the NLL", check(s, "avg@2_gain|nll-grpo", 0.05)),
+        ("2. pass@2 - avg@2 shrinks more with the NLL (sharpening)", check(s, "gap_change|nll-grpo", hi=0))],
+    "value-pretraining-rl": lambda s: [
+        ("falling bias, no value pretraining: 21-40-step responses at least 30% shorter than the base's",
+         check(s, "falling|length_change_21_40", hi=-0.3)),
+        ("... and shorter than the control's", check(s, "length|falling-control", hi=0)),
+        ("with value pretraining: within 10% of the control's length", check(s, "length|pretrained-control", -0.1, 0.1))],
+}
+
+
+# --- figures: one plot of panels, and the means over seeds it draws ----------------------------------------------
+def draw(path: str, title: str, panels: list[dict], width: float = 4.6, **subplots) -> None:
+    """One figure of panels side by side, each a dict: title, xlabel, ylabel; lines [(xs, ys, format, plot
+    options)]; bars (tick labels, [(label, means, SEs or None)]): grouped bars, one series without a label coloured bar
+    by bar; hline (a level drawn dotted), ylim, log (both axes)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 3.9), squeeze=False, **subplots)
+    for ax, p in zip(axes[0], panels):
+        for xs, ys, fmt, options in p.get("lines", []):
+            ax.plot(xs, ys, fmt, **options)
+        ticks, series = p.get("bars", ((), ()))
+        w = 0.8 / max(len(series), 1)
+        for i, (label, means, ses) in enumerate(series):
+            ax.bar([x + (i - (len(series) - 1) / 2) * w for x in range(len(ticks))], means, w, label=label,
+                   yerr=None if ses is None else [se if se == se else 0 for se in ses],
+                   color=f"C{i}" if label else [f"C{k}" for k in range(len(means))])
+        if ticks:
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+        if "hline" in p:
+            ax.axhline(p["hline"], color="k", lw=0.5, ls=":")
+        if p.get("log"):
+            ax.set(xscale="log", yscale="log")
+        ax.set(xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""), **({"ylim": p["ylim"]} if "ylim" in p else {}))
+        ax.set_title(p.get("title", ""), fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _stats(results: list[dict], keys: list[str]) -> tuple[list[float], list[float]]:
+    """The means and SEs over seeds of the measures keys."""
+    s = summarise(results)
+    return [s.get(k, (math.nan, math.nan))[0] for k in keys], [s.get(k, (math.nan, math.nan))[1] for k in keys]
+
+
+def _steps_panel(results, arms, key, title, first=1, first_color=0) -> dict:
+    """A panel of one per-step curve (mean over seeds) for each (arm, label); x from `first`."""
+    lines = [(range(first, first + len(ys)), ys, "-", {"color": f"C{i + first_color}", "label": label})
+             for i, (arm, label) in enumerate(arms) for ys in [_curve_mean(results, arm, key)]]
+    return {"title": title, "xlabel": "RL step" if first else "rollout (before its update)", "lines": lines}
+
+
+def _evals_panel(results, arms, keys, first_color=0) -> dict:
+    """A panel of the held-out evaluations keys (mean over seeds) for each (arm, label)."""
+    return {"title": "held-out " + " and ".join(keys), "xlabel": "step",
+            "lines": [(*_eval_mean(results, arm, key), "o-" if j == 0 else "s--",
+                       {"color": f"C{i + first_color}", "label": label + (f": {key}" if len(keys) > 1 else "")})
+                      for i, (arm, label) in enumerate(arms) for j, key in enumerate(keys)]}
+
+
+def _mean(rows: list[list[float]]) -> list[float]:
+    return [statistics.mean(col) if all(c == c for c in col) else float("nan") for col in zip(*rows)]
 
 
 def _curve_mean(results: list[dict], arm: str, key: str) -> list[float]:
@@ -1187,108 +1114,21 @@ def _eval_mean(results: list[dict], arm: str, key: str) -> tuple[list[int], list
     return steps, [statistics.mean(p[k] for p in points) for k in steps]
 
 
-def _save(fig, path: str) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
-def draw_token_level(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    _bars(axes[0], results, list(STEP_BANDS), [("base", "base|habit|{g}"), ("per-sample loss", "per-sample|habit|{g}"),
-                                                ("token-level loss", "token-level|habit|{g}")],
-          "held-out habit rate by step band (forgotten borrows / borrow steps), after 16 steps")
-    axes[0].set_xlabel("problem's steps")
-    for i, (key, label) in enumerate((("per-sample", "per-sample loss"), ("token-level", "token-level loss"))):
-        for part, style in (("1-20", "-"), ("21-40", "--")):
-            _plot_steps(axes[1], _curve_mean(results, key, part), linestyle=style, color=f"C{i + 1}",
-                        label=f"{label}, {part} steps")
-    axes[1].set(title="habit's share of the batch's borrow decisions, per step", xlabel="RL step")
-    axes[1].legend(fontsize=7)
-    fig.suptitle(f"token-level loss (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
-
-
-def draw_group_sampling(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    groups = [g for g, _ in GS_ARMS]
-    for i, (label, pattern) in enumerate((("logged", "{g}|all_same_1"), ("arithmetic", "{g}|all_same_1_predicted"))):
-        stats = [_stat(results, pattern.format(g=g)) for g in groups]
-        axes[0].bar([x + (i - 0.5) * 0.4 for x in range(len(groups))], [m for m, _ in stats], 0.4,
-                    yerr=[se if se == se else 0 for _, se in stats], color=f"C{i}", label=label)
-    axes[0].set_xticks(range(len(groups)), [f"{64 // int(g)} x {g}" for g in groups])
-    axes[0].set(title="share of samples in all-equal groups, step 1", xlabel="prompts x samples a prompt")
-    axes[0].legend(fontsize=7)
-    for i, (g, label) in enumerate(GS_ARMS):
-        _plot_steps(axes[1], _curve_mean(results, g, "all_same"), color=f"C{i}", label=label)
-        axes[2].plot(*_eval_mean(results, g, "avg@2"), "o-", color=f"C{i}", label=label)
-    axes[1].set(title="share in all-equal groups (no GRPO signal), per step", xlabel="RL step")
-    axes[2].set(title="held-out avg@2", xlabel="step")
-    for ax in axes[1:]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"group sampling at 64 samples a step (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
-
-
-def draw_nll(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    arms = [(k, label) for k, label in (("grpo", "GRPO"), ("nll", "GRPO + NLL mu 3"), ("nll0.1", "GRPO + NLL mu 0.1"))
-            if f"{k}|entropy_at_decisions" in results[0]["measures"]]
-    stats = [_stat(results, "base|entropy_at_decisions")] + [_stat(results, f"{k}|entropy_at_decisions")
-                                                             for k, _ in arms]
-    _stat_bars(axes[0], stats, ["base"] + [label for _, label in arms])
-    axes[0].set_title("entropy at the borrow decisions of the base's responses (nats)", fontsize=9)
-    for i, (k, label) in enumerate(arms):
-        for key, style in (("avg@2", "o-"), ("pass@2", "s--")):
-            axes[1].plot(*_eval_mean(results, k, key), style, color=f"C{i + 1}", label=f"{label}: {key}")
-        _plot_steps(axes[2], _curve_mean(results, k, "entropy"), color=f"C{i + 1}", label=label)
-    axes[1].set(title="held-out avg@2 and pass@2", xlabel="step")
-    axes[2].set(title="the batch's mean entropy (all response tokens)", xlabel="RL step")
-    for ax in axes[1:]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"positive-example NLL (GRPO, --preset long), mean of {len(results)} seeds", fontsize=9)
-    _save(fig, path)
-
-
-def draw_value_pretraining_rl(results: list[dict], path: str) -> None:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for i, (key, label) in enumerate(VP_ARMS):
-        for ax, name in ((axes[0], "length"), (axes[1], "advantage_first_tenth")):
-            _plot_steps(ax, _curve_mean(results, key, name), color=f"C{i}", label=label)
-    stats = [_stat(results, f"{key}|length_change_21_40") for key, _ in VP_ARMS]
-    _stat_bars(axes[2], stats, ["falling, no VP", "falling, VP", "V* alone"])
-    axes[2].axhline(-0.3, color="k", lw=0.5, ls=":")
-    axes[0].set(title="the batch's mean response length (tokens)", xlabel="RL step")
-    axes[1].set(title="mean advantage on each response's first tenth", xlabel="RL step")
-    axes[2].set_title("held-out length, 21-40 steps: change from the base\n(dotted: the -30% predicted)", fontsize=9)
-    axes[2].set_ylim(-0.35, 0.05)
-    for ax in axes[:2]:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"value pretraining against a falling critic bias (PPO, --preset long), mean of {len(results)} seeds",
-                 fontsize=9)
-    _save(fig, path)
-
-
-RL_JUDGES = {"clip-higher": (measure_clip_higher, verdicts_clip_higher, draw_clip_higher),
-             "token-level": (measure_token_level, verdicts_token_level, draw_token_level),
-             "group-sampling": (measure_group_sampling, verdicts_group_sampling, draw_group_sampling),
-             "nll": (measure_nll, verdicts_nll, draw_nll),
-             "value-pretraining-rl": (measure_value_pretraining_rl, verdicts_value_pretraining_rl,
-                                      draw_value_pretraining_rl)}
-
-
+# --- the command line -----------------------------------------------------------------------------------------------
 def rl_base(name: str, out: str) -> dict:
-    """What an experiment's measures compare against, made once: the base policy's profile (long chains), and for
-    nll the base's responses and its entropy at their borrow decisions."""
+    """What the measures compare against: the base's profile; for nll its responses and entropy at their decisions."""
     if name == "clip-higher":
         return {}
     base = {**profile("builtin-long", cache=os.path.join(out, "base-" + PROFILE))}
     if name == "nll":
-        _, rollout, _, decisive = sample_set("builtin-long", 100, 2, 0)
+        _, rollout, _, decisive = sample_set(POLICY, 100, 2, 0)
         ref = {"rollout": rollout, "decisive": decisive}
         base |= {"ref": ref, "entropy_at_decisions": decision_entropy("builtin-long", ref,
                                                                       os.path.join(out, "base-lab-entropy.json"))}
@@ -1296,12 +1136,8 @@ def rl_base(name: str, out: str) -> dict:
 
 
 def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | None:
-    """Judge an RL experiment's finished runs: each seed whose arms all finished gives its measures; their mean and
-    SE over seeds are judged against docs/lab.md's written predictions, into NAME.json and NAME.png in out."""
-    if name not in RL_JUDGES:
-        print(f"{name}: no judge yet (docs/lab.md: left to do)")
-        return None
-    measure, verdicts_of, draw = RL_JUDGES[name]
+    """Judge an RL experiment's finished runs: the measures of each seed whose arms all finished."""
+    measure, draw = RL_JUDGES[name]
     per_seed, missing, base = [], [], None
     for seed in seeds:
         arms = {label.rsplit(", seed ", 1)[0]: output_dir(options) for label, options in
@@ -1312,27 +1148,25 @@ def report_rl(name: str, seeds: list[int], out: str, extension: bool) -> dict | 
             continue
         if base is None:
             base = rl_base(name, out)
-        result = measure(arms) if name == "clip-higher" else measure(arms, base)
+        result = measure(arms, base)
         result.update(seed=seed, wall_seconds={label: _wall(f) for label, f in arms.items()})
         per_seed.append(result)
     if missing:
         print(f"not finished (left out with their seed): {', '.join(missing)}")
     if not per_seed:
         return None
-    stats = summarise(per_seed)
-    verdicts = verdicts_of(stats)
-    note = "one seed: no standard error" if len(per_seed) < 2 else ""
-    summary = {"name": name, "date": common.now(), "machine": common.machine(),
-               "seeds": [r["seed"] for r in per_seed], "note": note, "per_seed": per_seed,
-               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
-    return publish(summary, per_seed, out, draw)
+    return publish(name, per_seed, out, draw, "one seed: no standard error" if len(per_seed) < 2 else "",
+                   seeds=[r["seed"] for r in per_seed], per_seed=per_seed)
 
 
-def publish(summary: dict, per_seed: list[dict], out: str, draw) -> dict:
-    """Write an experiment's NAME.json and NAME.png (draw(per_seed, path)) into out, and print its verdicts."""
-    name, note = summary["name"], summary["note"]
+def publish(name: str, results: list[dict], out: str, draw, note: str, **fields) -> dict:
+    """Judge the seeds' measures (their mean and SE) against docs/lab.md's written predictions: NAME.json (with
+    fields) and NAME.png (draw(results, path)) into out, and the verdicts printed."""
+    stats = summarise(results)
+    summary = {"name": name, "date": common.now(), "machine": common.machine(), **fields, "note": note,
+               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": PREDICTIONS[name](stats)}
     common.write_json(os.path.join(out, f"{name}.json"), summary)
-    draw(per_seed, os.path.join(out, f"{name}.png"))
+    draw(results, os.path.join(out, f"{name}.png"))
     print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")
     for text, verdict in summary["verdicts"]:
         print(f"  {verdict:>14}  {text}")
@@ -1348,49 +1182,11 @@ def _wall(folder: str) -> float | None:
         return None
 
 
-# --- the command line -----------------------------------------------------------------------------------------------
-ANALYSES = {"value-pretraining": (value_pretraining, draw_value_pretraining),
-            "decoupled-gae": (decoupled_gae, draw_decoupled),
-            "length-adaptive": (length_adaptive, draw_length_adaptive)}
-RL = ("value-pretraining-rl", "clip-higher", "token-level", "group-sampling", "nll")
-FULL = dict(prompts=100, samples=2, batches=20, batch_prompts=8, group=8)  # the written setup's sizes
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", choices=(*ANALYSES, *RL))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--out", default=None, help="default runs/lab/NAME")
-    ap.add_argument("--policy", default="builtin-long")
-    ap.add_argument("--critic", default="builtin-long-rm", help="the network of h (decoupled-gae) and of 'pretrained'")
-    ap.add_argument("--prompts", type=int, default=FULL["prompts"], help="held-out problems of the judged batch")
-    ap.add_argument("--samples", type=int, default=FULL["samples"], help="samples per held-out problem")
-    ap.add_argument("--batches", type=int, default=FULL["batches"], help="training batches of the critic fits")
-    ap.add_argument("--batch-prompts", type=int, default=FULL["batch_prompts"])
-    ap.add_argument("--group", type=int, default=FULL["group"], help="samples per prompt of a training batch")
-    ap.add_argument("--checkpoints", type=int, nargs="+", default=[5, 10, 20], help="decoupled-gae: batches judged")
-    ap.add_argument("--biases", nargs="+", default=list(VP_BIASES), help="value-pretraining: OFFSET:SLOPE ...")
-    ap.add_argument("--bias", default="0.5:0", help="decoupled-gae: OFFSET:SLOPE")
-    ap.add_argument("--critics", nargs="+", default=list(LA_CRITICS), help="length-adaptive")
-    ap.add_argument("--extension", action="store_true", help="RL experiments: also the page's extension arms")
-    ap.add_argument("--run", action="store_true", help="RL experiments: run them (resumable), then judge them")
-    ap.add_argument("--report", action="store_true", help="run nothing: judge the finished runs (RL experiments) or "
-                    "the seeds' records an analysis wrote (NAME-sSEED.json in --out)")
-    ap.add_argument("--jobs", type=int, default=2, help="RL experiments: runs at a time, one thread each")
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["record"]:  # one run of vapo.py with the per-update decision record (run_rl starts these)
-        return record_decisions(argv[1:])
-    args = ap.parse_args(argv)
-    out = args.out or os.path.join(common.ROOT, "runs", "lab", args.name)
-    if args.name in RL:
-        if args.run:
-            run_rl(args.name, args.seeds, out, args.extension, args.jobs)
-        if args.run or args.report:
-            return report_rl(args.name, args.seeds, out, args.extension)
-        return print_rl_runs(args.name, args.seeds, out, args.extension)
+def run_analysis(args, out: str) -> dict:
+    """Run an analysis on each seed (or read back its records, --report), then judge and draw the seeds together."""
     torch.set_num_threads(1)
-    run, draw = ANALYSES[args.name]
-    smaller = [k for k, v in FULL.items() if getattr(args, k) < v]
+    run, draw_seeds = ANALYSES[args.name]
+    smaller = [k for k, (v, _) in SIZES.items() if getattr(args, k) < v]
     print(f"{common.now()}, {common.machine()}: lab {args.name}, seeds {args.seeds}", flush=True)
     results = []
     for seed in args.seeds:
@@ -1399,34 +1195,59 @@ def main(argv=None):
             results.append(common.read_json(path))
             continue
         result = run(args, seed)
-        result.update(seed=seed, biases=args.biases)
+        result.update(seed=seed, biases=list(VP_BIASES))
         results.append(result)
         common.write_json(path, result)
         print(f"  seed {seed} done", flush=True)
-    stats = summarise(results)
-    if args.name == "value-pretraining":
-        verdicts = verdicts_value_pretraining(stats)
-    elif args.name == "decoupled-gae":
-        verdicts = verdicts_decoupled(stats, args.bias)
-    else:
-        verdicts = verdicts_length_adaptive(stats, args.critics)
     note = (f"smaller than the written setup ({', '.join(smaller)}): a smoke run, not a result" if smaller else
             "one seed: no standard error" if len(args.seeds) < 2 else "")
-    summary = {"name": args.name, "date": common.now(), "machine": common.machine(), "seeds": args.seeds,
-               "sizes": {k: getattr(args, k) for k in FULL}, "note": note,
-               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
-    return publish(summary, results, out, draw)
+    return publish(args.name, results, out, draw_seeds, note, seeds=args.seeds,
+                   sizes={k: getattr(args, k) for k in SIZES})
 
 
-def _mean(rows: list[list[float]]) -> list[float]:
-    return [statistics.mean(col) if all(c == c for c in col) else float("nan") for col in zip(*rows)]
+ANALYSES = {"value-pretraining": (value_pretraining, draw_value_pretraining),
+            "decoupled-gae": (decoupled_gae, draw_decoupled),
+            "length-adaptive": (length_adaptive, draw_length_adaptive)}
+RL_JUDGES = {"value-pretraining-rl": (measure_value_pretraining_rl, draw_value_pretraining_rl),
+             "clip-higher": (measure_clip_higher, draw_clip_higher),
+             "token-level": (measure_token_level, draw_token_level),
+             "group-sampling": (measure_group_sampling, draw_group_sampling),
+             "nll": (measure_nll, draw_nll)}
+SIZES = {"prompts": (100, "held-out problems judged"), "samples": (2, "samples per held-out problem"),
+         "batches": (20, "training batches of a critic fit"), "batch_prompts": (8, "problems per training batch"),
+         "group": (8, "samples per problem of a training batch")}  # the written setup's
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:
+        return record_decisions(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = ap.add_subparsers(dest="name", required=True, metavar="NAME")
+    commands.add_parser("record", help="-- VAPO.PY OPTIONS: one vapo.py run writing its decisions.jsonl")
+    for name in (*ANALYSES, *RL_JUDGES):
+        p = commands.add_parser(name, help=f"docs/lab.md, {name}", description=f"docs/lab.md, {name}")
+        p.add_argument("--seeds", type=int, nargs="+", default=[0])
+        p.add_argument("--out", default=None, help="default runs/lab/NAME")
+        p.add_argument("--report", action="store_true", help="run nothing: judge the finished runs, or the seeds' "
+                       "records (NAME-sSEED.json) in --out")
+        for size, (default, help_) in SIZES.items() if name in ANALYSES else ():
+            p.add_argument("--" + size.replace("_", "-"), type=int, default=default, help=f"{help_} ({default})")
+        if name == "decoupled-gae":
+            p.add_argument("--bias", default="0.5:0", help="OFFSET:SLOPE of the starting bias b")
+        if name in RL_JUDGES:
+            p.add_argument("--extension", action="store_true", help="also the page's extension arms")
+            p.add_argument("--run", action="store_true", help="run them (resumable), then judge them")
+            p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(common.ROOT, "runs", "lab", args.name)
+    if args.name in ANALYSES:
+        return run_analysis(args, out)
+    if args.run:
+        run_rl(args.name, args.seeds, out, args.extension, args.jobs)
+    if args.run or args.report:
+        return report_rl(args.name, args.seeds, out, args.extension)
+    return print_rl_runs(args.name, args.seeds, out, args.extension)
 
 
 if __name__ == "__main__":
