@@ -36,7 +36,7 @@ and on the first tenth of responses, the raw advantage on the first tenth agains
 fractions at the lower and the upper bound, KL, entropy, response length early and late, held-out accuracy by
 band of step counts), ablation.json (every row and every seed) and ablation.png (held-out accuracy and response
 length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
-rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
+rows from a base model that is still imprecise at the arithmetic (see bench/seeds.py demo). The demo's default
 sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
 docs/results.md has the long chains' table and what it shows; the demo's last table is docs/ablation.md at commit
 758a9d0.
@@ -618,7 +618,7 @@ def main():
     ap.add_argument("--evaluations", type=int, default=None, help="held-out evaluations along the budget, after "
                     "the one at the start (default: demo 4, long 2; 1: at the start and the end only)")
     ap.add_argument("--base", default="shipped", help="base model (demo): shipped, seedN or weak (built into the "
-                    "cache first, minutes; see bench/demo_seeds.py) or a folder")
+                    "cache first, minutes; see bench/seeds.py) or a folder")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     ap.add_argument("--out", default=None, help="folder of the runs and reports (default: runs/ablation, or "
                     "runs/ablation-long)")
