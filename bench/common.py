@@ -178,6 +178,20 @@ def evaluate_again(run_dir: str) -> dict:
     return vapo.evaluate(engine, held_out, cfg, verifier_for(cfg))
 
 
+def learn_times(steps: list[dict]) -> dict:
+    """Where a run's training time went, from its RL steps' records (vapo.py's, or bench/vs_trl.py --learn's),
+    evaluations left out: steps, generated samples and tokens, seconds in all, per sample and per 1,000 tokens, the
+    median step, and each phase's seconds in all (where the records have them)."""
+    seconds = sum(r["time/step"] for r in steps)
+    samples = sum(r["samples_generated"] for r in steps)
+    tokens = sum(r.get("response_len", 0.0) * r["samples_generated"] for r in steps)
+    phases = {p: sum(r.get(f"time/{p}", 0.0) for r in steps)
+              for p in ("rollout", "reward", "score", "advantages", "update") if any(f"time/{p}" in r for r in steps)}
+    return {"steps": len(steps), "samples": samples, "tokens": round(tokens), "seconds": seconds,
+            "s_per_sample": seconds / samples, "s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
+            "median_s_per_step": statistics.median(r["time/step"] for r in steps), "phases_s": phases}
+
+
 def mean_of(rows: list[dict], key: str, default=None):
     """The mean of rows' numbers under key (NaN and missing ones left out); default when there are none."""
     vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]

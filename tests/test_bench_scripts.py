@@ -234,7 +234,7 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     hit = vs_trl.time_to_gain(records.evals, 0.25, "avg@4")
     assert hit == {"samples": 8, "seconds": lines[-1]["time/elapsed"], "acc": 0.45}
     assert vs_trl.time_to_gain(records.evals, 0.3, "avg@4") is None
-    times = vs_trl.learn_times(common.rl_steps(lines))  # what learn.json reports, read back as from any run folder
+    times = common.learn_times(common.rl_steps(lines))  # what learn.json reports, read back as from any run folder
     assert times == {"steps": 2, "samples": 8, "tokens": 70, "seconds": 4.5, "s_per_sample": 4.5 / 8,
                      "s_per_1k_tokens": 1e3 * 4.5 / 70, "median_s_per_step": 2.25,
                      "phases_s": {"rollout": 1.5, "update": 2.5}}
