@@ -190,11 +190,7 @@ def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
     cached in run_dir/diagnostics.json."""
     cache = os.path.join(run_dir, "diagnostics.json")
     if os.path.exists(cache):
-        figures = common.read_json(cache)
-        if "pass_again" not in figures:  # cached before pass_again was
-            figures["pass_again"] = pass_again(run_dir)
-            common.write_json(cache, figures)
-        return figures
+        return common.read_json(cache)
     cfg = common.read_json(os.path.join(run_dir, "config.json"))
     critic = os.path.join(run_dir, "checkpoint", "critic")
     has_critic = os.path.exists(os.path.join(critic, "config.json"))
