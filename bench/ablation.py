@@ -1,45 +1,19 @@
-"""Benchmark: the paper's ablation table (VAPO, arXiv 2504.05118, section 4) re-run in miniature.
+"""Benchmark: the paper's ablation table (VAPO, arXiv 2504.05118, section 4) re-run in miniature, with controls.
 
-    python bench/ablation.py                        # the demo: 11 rows x 3 seeds (a long sweep: see below)
-    python bench/ablation.py --preset long          # the long chains: 11 rows x 3 seeds, 5 for the algorithms
+    python bench/ablation.py                        # the demo: 11 rows x 3 seeds
+    python bench/ablation.py --preset long          # the long chains: 3 seeds a row, 5 for the four algorithms
     python bench/ablation.py --quick [--preset long]   # every row for 2 steps, 1 seed: proves each row still runs
-    python bench/ablation.py --rows VAPO GRPO --seeds 0 1 2
+    python bench/ablation.py --rows VAPO GRPO --seeds 0 1 2 [--report]
 
-Rows: the paper's baselines (`--algo ppo|grpo|dapo`), VAPO, and VAPO without each of its seven techniques (one
-switch each); then six controls that are not in the paper and tell VAPO from self-imitation of its correct samples
-(CONTROLS): GRPO with the token-level loss, DAPO at equal updates (more samples), GRPO + NLL and PPO + NLL at the
-preset's mu, VAPO at the paper's mu 0.1, and the NLL alone with no policy gradient (`--no-policy-gradient`: online
-rejection-sampling fine-tuning, RAFT / ReST); "VAPO mu 0" is the row "w/o Positive Example LM Loss". Every run is `python vapo.py --preset P --seed S <the row's options> --max-samples BUDGET ...` in
-its own process with one torch thread, --jobs at a time, so that every row has the same budget of generated
-samples (DAPO's dynamic sampling generates more per step, so it takes fewer steps). The rows that pretrain the
-critic share one pretrained critic per seed: VAPO's run pretrains it and the others start from its
-critic_pretrained/ (`--value-model ... --no-value-pretraining`); "w/o Value-Pretraining" starts from the critic
-the preset gives (the demo: the policy with a zero head; long: the outcome reward model, untouched).
-
---preset long (docs/results.md: 1-40 steps, responses of 10-411 tokens, the critic from a reward model): a budget of
-2,560 samples per run (the preset's 40 steps of 64), evaluated every 1,280 generated samples (`--eval-every-samples`:
-at equal sample counts, not at equal steps, so DAPO's extra rounds are not a longer curve), seeds 0-2 for every
-row and also 3-4 for the four algorithms (--algorithm-seeds). Jobs run in tiers, so that an interrupted sweep
-has the paper's main claims first: the four algorithms and the ablations of value pretraining and decoupled GAE
-(seeds 0-2), then the other five ablations (seeds 0-2), then the algorithms' extra seeds. About 10-14 minutes a
-run on one core: 41 runs are about 8 core-hours, more than one session; a finished run is read back, an
-interrupted one (SIGTERM it: vapo.py checkpoints first) resumes, so the sweep continues where it stopped. After
-the runs, each run's final critic is judged on one fixed set of the base model's responses (common.bias_table:
-its bias and explained variance by fifth of the response, and how much of the advantage's magnitude sits on the
-decisive tokens, the borrow digits), cached in the run folder as diagnostics.json.
-
-`--evaluations 1` evaluates at the start and the end only (the preset's own schedule), which saves one held-out
-evaluation (about 3 minutes of a long run). Writes ablation.md (the table, one that tells VAPO from self-imitation
-(pass@k beside avg@k, updates, samples, the NLL's weight, entropy, the critic's EV against the step-count floor),
-and one of what the techniques act on: the critic's explained variance overall
-and on the first tenth of responses, the raw advantage on the first tenth against the rest, lambda_policy, clip
-fractions at the lower and the upper bound, KL, entropy, response length early and late, held-out accuracy by
-band of step counts), ablation.json (every row and every seed) and ablation.png (held-out accuracy and response
-length against generated samples, mean and range over seeds per row) into --out. `--base weak` (demo) runs the
-rows from a base model that is still imprecise at the arithmetic (see bench/demo_seeds.py). The demo's default
-sweep (11 rows x 3 seeds, 24 steps) took about 75 minutes on a 2-core machine that was also running other jobs;
-docs/results.md has the long chains' table and what it shows; the demo's last table is docs/ablation.md at commit
-758a9d0.
+Rows (ROWS): the paper's baselines (`--algo ppo|grpo|dapo`), VAPO, VAPO without each of its seven techniques, and
+controls that tell VAPO from self-imitation of its correct samples (CONTROLS). Every run is `python vapo.py --preset
+P --seed S <the row's options>` at the same budget of generated samples (SWEEPS), evaluated at equal sample counts,
+in its own process on one thread, --jobs at a time, the paper's main claims first (FIRST_TIER). The rows that
+switch one technique off start from VAPO's pretrained critic of the same seed. A finished run is read back and an
+interrupted one resumed, so a sweep continues where it stopped. --preset long then judges each run's final critic
+and policy once (diagnostics.json in its folder: common.bias_table, common.judge_policy). Writes ablation.md (the
+tables), ablation.json (every row and seed), ablation.png and (long) views.png into --out. docs/results.md ("The
+paper's comparison, and self-imitation") has the long sweep's command, its table and what it shows.
 """
 from __future__ import annotations
 
@@ -117,9 +91,8 @@ def run_folder(out: str, row: str, seed: int, preset: str) -> str:
 
 
 def row_args(row: str, options: list[str], seed: int, out: str, sweep_args: list[str]) -> list[str]:
-    """The vapo.py options of one run: the seed, its folder, the sweep's common options (the preset first), the
-    row's own switches (its algorithm's actor lr, ACTOR_LR), and for the rows that share it VAPO's pretrained
-    critic of the same seed."""
+    """The vapo.py options of one run: the sweep's, the row's (its family's actor lr), and for the rows
+    that share it VAPO's pretrained critic of the same seed."""
     if row in EQUAL_UPDATES:  # the preset's number of updates, whatever the samples they take
         i = sweep_args.index("--max-samples")
         sweep_args = sweep_args[:i] + sweep_args[i + 2:]
@@ -134,8 +107,7 @@ def row_args(row: str, options: list[str], seed: int, out: str, sweep_args: list
 
 
 def run_row(job) -> float | None:
-    """Run one (row, seed) unless it has finished (then None, else its wall seconds); a row that shares VAPO's
-    critic waits for it first."""
+    """Run one (row, seed) unless it has finished (then None, else its wall seconds)."""
     row, options, seed, out, sweep_args = job
     args = row_args(row, options, seed, out, sweep_args)
     run_dir = args[args.index("--output-dir") + 1]
@@ -151,8 +123,8 @@ def run_row(job) -> float | None:
 
 
 def jobs_in_order(chosen: list[str], seeds: list[int], algorithm_seeds: list[int]) -> list[tuple[str, int]]:
-    """(row, seed) in the order they run: the first tier (FIRST_TIER) over seeds, then the other rows, then the
-    algorithms' extra seeds; VAPO first within each seed's group (the shared critics come from its runs)."""
+    """(row, seed) in the order they run: FIRST_TIER, the other rows, the algorithms' extra seeds; VAPO
+    first within each seed's group (the shared critics come from its runs)."""
     tiers = [([r for r in chosen if r in FIRST_TIER], seeds), ([r for r in chosen if r not in FIRST_TIER], seeds),
              ([r for r in chosen if r in ALGORITHMS], [s for s in algorithm_seeds if s not in seeds])]
     out = []
@@ -173,17 +145,16 @@ def curve(run_dir: str) -> list[tuple[int, float, float]]:
 
 
 def long_band(record: dict, measure: str) -> float | None:
-    """The mean held-out accuracy (measure: "avg@4", "greedy") over the bands of 21 steps and more, the long
-    chains proper; None for a run without bands (the demo)."""
+    """The mean held-out accuracy (measure: "avg@4", "greedy") over the bands of 21 steps and more; None
+    without bands (the demo)."""
     vals = [v for k, v in record.items() if k.startswith(f"eval/acc_{measure}_steps_") and
             int(k.rsplit("_", 1)[1].split("-")[0]) > 20]
     return statistics.mean(vals) if vals else None
 
 
 def run_figures(run_dir: str) -> dict:
-    """What one finished run shows, beyond common.summarise_run: its means over RL steps (and over the first
-    and the last five) of what the techniques act on, its held-out accuracy by band (base and final), its curves
-    against generated samples (held-out accuracy and length, and the wall time, at each evaluation)."""
+    """What one finished run shows beyond common.summarise_run: means over its RL steps (all, first and
+    last five) of what the techniques act on, held-out accuracy by band, its curves against generated samples."""
     records = common.read_records(run_dir)
     steps, evals = common.rl_steps(records), common.evaluations(records)
     mean = common.mean_of
@@ -215,17 +186,11 @@ def run_figures(run_dir: str) -> dict:
 
 
 def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
-    """What the run's final models do, computed once and cached in run_dir/diagnostics.json: {"critic": its
-    critic judged on the fixed responses (judge_critic; None for a run without a critic: GRPO, DAPO), "policy":
-    its policy's step errors on `problems` held-out problems (judge_policy), "pass_again": pass@k of a run
-    made before it was logged (pass_again)}."""
+    """{"critic": judge_critic or None, "policy": judge_policy, "pass_again"} of a run's final models,
+    cached in run_dir/diagnostics.json."""
     cache = os.path.join(run_dir, "diagnostics.json")
     if os.path.exists(cache):
-        figures = common.read_json(cache)
-        if "pass_again" not in figures:  # cached before pass_again was
-            figures["pass_again"] = pass_again(run_dir)
-            common.write_json(cache, figures)
-        return figures
+        return common.read_json(cache)
     cfg = common.read_json(os.path.join(run_dir, "config.json"))
     critic = os.path.join(run_dir, "checkpoint", "critic")
     has_critic = os.path.exists(os.path.join(critic, "config.json"))
@@ -237,9 +202,8 @@ def final_figures(run_dir: str, responses, problems: int | None = None) -> dict:
 
 
 def pass_again(run_dir: str) -> dict | None:
-    """For a run made before pass@k was logged: its final evaluation made again (common.evaluate_again), with
-    pass@k, kept only if the avg@k and greedy accuracy it logged come out the same (the same responses); else
-    None (also for a run that logged pass@k itself)."""
+    """A run made before pass@k was logged: its final evaluation made again (common.evaluate_again),
+    kept only if the logged avg@k and greedy come out the same; else (or if it logged pass@k) None."""
     last = [r for r in common.read_records(run_dir) if "eval/acc_greedy" in r][-1]
     k = common.sampled_measure(last)
     if f"eval/pass@{k[4:]}" in last or not os.path.exists(os.path.join(run_dir, "checkpoint", "policy")):
@@ -250,8 +214,7 @@ def pass_again(run_dir: str) -> dict | None:
 
 
 def judge_critic(folder: str, responses, cfg: dict) -> dict:
-    """common.bias_table of the critic in folder on `responses` (common.sample_set's), with the figures under the
-    run's lambda (cfg: a run's config.json) picked out."""
+    """common.bias_table of the critic in folder on common.sample_set's responses, under the run's lambda."""
     _, rollout, rewards, decisive = responses
     critic = load_value_model(folder, dtype=torch.float32)
     values = score_rollout(None, critic, rollout, micro_batch_size=16)["values"]
@@ -332,9 +295,9 @@ def pm(m, scale: float = 100, fmt: str = ".1f") -> str:
 
 
 def verdict(row: dict, vapo: dict | None, key: str = "avg_final") -> str:
-    """The paper's ordering "VAPO above this row" on `key` (mean, std over seeds), tested: "reproduced" when VAPO's
-    mean is above the row's by more than twice the standard error of the difference (sqrt(s1^2/n1 + s2^2/n2)),
-    "reversed" when below by as much, else "not separated"; "-" for VAPO itself or rows without two seeds."""
+    """The paper's ordering "VAPO above this row" on `key`: "reproduced" when VAPO's mean is above by
+    more than twice the standard error of the difference, "reversed" when below by as much, else "not separated";
+    "-" for VAPO itself or rows without two seeds."""
     if vapo is None or row is vapo or row.get(key) is None or vapo.get(key) is None or min(row["seeds"],
                                                                                          vapo["seeds"]) < 2:
         return "-"
@@ -345,9 +308,7 @@ def verdict(row: dict, vapo: dict | None, key: str = "avg_final") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown table of the summarised rows, the paper's figure beside each, and the verdict on the paper's
-    ordering (VAPO above the row) for the final held-out avg@k, for its mean over the budget (less noisy than one
-    evaluation) and for the greedy mean over the budget."""
+    """The results table: each row beside the paper's figure, and the verdict on VAPO above it."""
     vapo = next((r for r in rows if r["row"] == "VAPO" and "avg_final" in r), None)
     lines = ["| row | paper (AIME24 avg@32) | seeds | held-out avg@k, final | gain | avg@k, mean over the budget | "
              "greedy, final | gain | greedy, mean over the budget | length / base: greedy, sampled | samples | "
@@ -367,11 +328,8 @@ def table(rows: list[dict]) -> str:
 
 
 def imitation_table(rows: list[dict]) -> str:
-    """What tells a policy-gradient learner from self-imitation, per row (mean +- std over seeds): pass@k beside
-    avg@k at the end (sharpening the correct samples raises avg@k and leaves pass@k flat), the RL steps taken and
-    the samples they generated, the positive-example NLL's weight beside a token's policy gradient (mu x tokens /
-    positive tokens), the entropy of the last 5 steps, and the critic's explained variance of the return during
-    RL against the step-count floor (critic_judge: the EV of a lookup of the prompt's number of steps)."""
+    """What tells a policy-gradient learner from self-imitation: pass@k beside avg@k, updates, samples,
+    the NLL's weight, entropy, the critic's EV against the step-count floor's."""
     def seeds(r, key, scale=1.0):
         vals = [scale * p[key] for p in r.get("per_seed", []) if isinstance(p.get(key), (int, float))
                 and p[key] == p[key]]
@@ -427,11 +385,7 @@ DIAGNOSTICS = [  # (key, header, scale, format)
 
 
 def diagnostics_table(rows: list[dict]) -> str:
-    """What the techniques act on, per row (mean +- std over seeds of each run's mean over its RL steps, or its
-    first / last 5 steps): the critic's explained variance (all tokens, the first tenth of each response, the
-    rest), the raw advantage on the first tenth and the rest, lambda_policy, the clipped share of tokens at each
-    bound, the share of groups whose samples all got the same reward (no signal under a group baseline), entropy
-    and response length early and late, the held-out avg@k gain on short and on long chains."""
+    """What the techniques act on, per row (DIAGNOSTICS; mean +- std over seeds)."""
     lines = ["| row | " + " | ".join(h for _, h, _, _ in DIAGNOSTICS) + " |", "|---|" + "---|" * len(DIAGNOSTICS)]
     for r in rows:
         d = r.get("diagnostics")
@@ -441,9 +395,7 @@ def diagnostics_table(rows: list[dict]) -> str:
 
 
 def critic_table(rows: list[dict], start: dict | None) -> str:
-    """Each row's final critic on the fixed responses (and the critics it started from): explained variance,
-    overall and by fifth of the response, the raw advantage on the first tenth and the rest under the row's
-    lambda, and the credit at the decisive tokens (1 = spread evenly) of its advantages and of its TD errors."""
+    """Each row's final critic (and the critics at the start) on the fixed responses."""
     lines = ["| critic | EV | EV by fifth | raw A, first tenth | raw A, rest | credit at decisive tokens | "
              "credit, TD errors |", "|---|---|---|---|---|---|---|"]
     for name, c in (start or {}).items():
@@ -461,9 +413,7 @@ def critic_table(rows: list[dict], start: dict | None) -> str:
 
 
 def policy_table(rows: list[dict], base: dict | None) -> str:
-    """Each row's final policy (and the base model) on POLICY_PROBLEMS held-out problems, greedy and sampled:
-    accuracy, the habit's rate per borrow step, misread terms per step, other step errors, the shortcut's share,
-    and the shares of responses whose first error is a misread or the habit (judgements from before those: -)."""
+    """Each row's final policy (and the base model) on POLICY_PROBLEMS held-out problems (judge_policy)."""
     keys = ("accuracy", "habit_rate", "lookup_rate", "other_error_rate", "shortcut_rate", "first_misread",
             "first_habit")
     lines = ["| policy | " + " | ".join(f"{m}: {k.replace('_', ' ')} (%)" for m in ("greedy", "sampled") for k in keys)
@@ -480,11 +430,8 @@ def policy_table(rows: list[dict], base: dict | None) -> str:
 
 
 def seed_table(rows: list[dict], others: dict[str, list[tuple[str, dict]]] | None = None) -> str:
-    """Every run on a line: held-out greedy and avg@k at each evaluation (0 -> ... -> the budget), what its final
-    policy gets wrong (greedy misreads per step, the share of wrong greedy responses whose first error is a
-    misread, the habit per sampled borrow step), its clipped shares at each bound, and its final critic on the
-    fixed responses (explained variance / credit at the decisive tokens). `others` (name -> [(folder,
-    run_figures)]), e.g. TRL's GRPOTrainer runs, get their curves only."""
+    """Every run on a line: its held-out curves, its final policy's errors, clipped shares and final
+    critic; `others` (name -> [(folder, run_figures)], e.g. TRL's runs) get their curves only."""
     lines = ["| run | greedy % at each evaluation | avg@k % | greedy misreads (% of steps) | first error a misread "
              "(% of greedy responses) | sampled habit (% of borrow steps) | clipped low / high (%) | "
              "critic EV / credit |", "|---|" + "---|" * 7]
@@ -513,10 +460,8 @@ def seed_table(rows: list[dict], others: dict[str, list[tuple[str, dict]]] | Non
 
 
 def plot(rows: list[dict], out: str, others: dict[str, list[dict]] | None = None) -> None:
-    """ablation.png: held-out avg@k, greedy and (with bands) avg@k on the long chains against generated samples,
-    and the held-out sampled responses' length (the same prompts at every point: a collapse shows); mean line
-    and min-max band over seeds per row; `others` (name -> run_figures of its runs, e.g. TRL's GRPOTrainer) in
-    black, dotted."""
+    """ablation.png: held-out accuracy (and, with bands, on the long chains) and response length against
+    generated samples, mean and min-max over seeds per row; `others` in black, dotted."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -554,10 +499,8 @@ VIEWS = (("VAPO", "adv_adaptive"), ("PPO", "adv_0.95"), ("GRPO", "adv_group"))  
 
 
 def views_side_by_side(folder: str, seed: int, out: str, preset: str) -> str | None:
-    """One probe response (the longest wrong one recorded) at the last evaluation of VAPO, PPO and GRPO of one
-    seed, side by side (plots.compare_figure), the decisive tokens (task.borrow_digits) marked; each run with its
-    own advantage. The runs share their probes: sampled from the same base model with the seed's probe seed.
-    None (nothing drawn) unless all three runs have their views."""
+    """One probe response (the longest wrong one) at the last evaluation of VAPO, PPO and GRPO of one
+    seed, side by side, the decisive tokens marked; None unless all three runs have their views."""
     columns = []
     for row, adv in VIEWS:
         records = plots.read_tokens(run_folder(folder, row, seed, preset))
@@ -584,9 +527,8 @@ def k_of(rows: list[dict]) -> str:
 
 
 def time_to_learn(rows: list[dict], others: dict[str, list[dict]] | None = None) -> str:
-    """Per row (and per `others`: name -> run_figures of its runs, e.g. TRL's GRPOTrainer from bench/vs_trl.py
-    --learn), for each gain of GAINS over the base model on held-out avg@k: in how many runs an evaluation reached
-    it, and the median wall time (time/elapsed at that evaluation: value pretraining and evaluations included)."""
+    """Per row (and `others`), for each gain of GAINS on held-out avg@k: the runs that reached it, and
+    the median time/elapsed at that evaluation."""
     runs = {r["row"]: r["per_seed"] for r in rows if r.get("per_seed")}
     runs |= {name: figs for name, figs in (others or {}).items() if figs}
     if not runs:
@@ -617,8 +559,6 @@ def main():
                     "is STEPS x the preset's samples per step; default: demo 24, long 40)")
     ap.add_argument("--evaluations", type=int, default=None, help="held-out evaluations along the budget, after "
                     "the one at the start (default: demo 4, long 2; 1: at the start and the end only)")
-    ap.add_argument("--base", default="shipped", help="base model (demo): shipped, seedN or weak (built into the "
-                    "cache first, minutes; see bench/demo_seeds.py) or a folder")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     ap.add_argument("--out", default=None, help="folder of the runs and reports (default: runs/ablation, or "
                     "runs/ablation-long)")
@@ -631,8 +571,6 @@ def main():
     unknown = set(args.rows) - {r for r, _, _ in ROWS}
     if unknown:
         raise SystemExit(f"--rows: unknown {sorted(unknown)}; the rows are {[r for r, _, _ in ROWS]}")
-    if args.base != "shipped" and args.preset != "demo":
-        raise SystemExit("--base: the demo's base models only; --preset long starts from its own (builds.py)")
     sweep = SWEEPS[args.preset]
     args.out = args.out or os.path.join(common.ROOT, "runs", "ablation" if args.preset == "demo" else
                                         f"ablation-{args.preset}")
@@ -658,12 +596,8 @@ def main():
     budget = steps * per_step
     sweep_args += ["--steps", str(steps), "--max-samples", str(budget)]
     sweep_args += ["--save-every", "0"] if args.preset == "demo" else []  # long: the preset's, so a kill loses little
-    base = common.resolve_base(args.base)
-    common.build_missing({args.base: base}, 1)
-    if args.base != "shipped":
-        sweep_args += ["--model", base]
     started, machine = common.now(), common.machine()
-    print(f"machine: {machine}\ndate: {started}\npreset: {args.preset}; base model: {args.base}\n"
+    print(f"machine: {machine}\ndate: {started}\npreset: {args.preset}\n"
           f"budget: {budget} generated samples per run", flush=True)
     chosen = [(r, p, o) for r, p, o in ROWS if r in args.rows]
     if any(r in SHARES_CRITIC for r, _, _ in chosen) and "VAPO" not in args.rows:
@@ -708,7 +642,7 @@ def main():
     report = (f"machine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s; {len(ran)} runs "
               f"run now ({sum(ran):.0f} s of runs), {len(walls) - len(ran)} read back from earlier"
               f"{' (--report: the runs finished in the folder, nothing run)' if args.report else ''}\n"
-              f"preset: {args.preset}; base model: {args.base}\n"
+              f"preset: {args.preset}\n"
               f"{budget} generated samples per run; mean +- std over seeds\n\n{table(rows)}\n\n"
               f"diagnostics (mean +- std over seeds of each run's mean over its RL steps):\n\n"
               f"{diagnostics_table(rows)}\n\n"
@@ -730,7 +664,7 @@ def main():
     with open(os.path.join(args.out, "ablation.md"), "w") as fh:
         fh.write(report)
     common.write_json(os.path.join(args.out, "ablation.json"), {
-        "machine": machine, "date": started, "preset": args.preset, "base": args.base, "seeds": seeds_of,
+        "machine": machine, "date": started, "preset": args.preset, "seeds": seeds_of,
         "budget": budget, "vapo_options": sweep_args, "critics_at_start": start, "base_policy": base_policy,
         "trl": trl, "rows": rows})
     missing = [r["row"] for r in rows if r.get("seeds", 0) < len(seeds_of[r["row"]])]

@@ -1,11 +1,7 @@
-"""What the scripts of bench/ share, in one place: the machine and date they print, running `python vapo.py` in a
-process of its own and reading its run folder back, summaries over runs (means over steps, mean and SD over
-seeds), time and peak memory on a device, the judges of a model on held-out long chains (its step errors; a
-critic's bias and credit by position), and the Qwen2.5-0.5B-shaped stand-in.
-
-Each script imports it first (`import common`): Python puts a script's own folder, bench/, on the path, and this
-module puts the repository's root there, so the project's modules (vapo, task, ...) import by name after it. No
-script imports another script.
+"""What the scripts of bench/ share: the machine and date they print, running `python vapo.py` and reading
+its run folder back, summaries over runs, time and peak memory on a device, the judges of a model on held-out long
+chains, and the Qwen2.5-0.5B-shaped stand-in. Each script imports it first (`import common`): it puts the
+repository's root on the path, so the project's modules import by name after it. No script imports another.
 """
 from __future__ import annotations
 
@@ -133,10 +129,9 @@ def finished(run_dir: str) -> bool:
 
 
 def run_vapo(label: str, args: list[str], run_dir: str, program: tuple[str, ...] = ("vapo.py",)) -> float | None:
-    """`python vapo.py ARGS` with one torch thread, its output in run_dir/stdout.log, unless run_dir already
-    holds a finished run, or a live process of another invocation runs it (then None); an interrupted run (its
-    config.json there) is resumed instead. Returns the wall time in seconds, also written to run_dir/wall_seconds.
-    program: what takes vapo.py's arguments (bench/lab.py's recording wrapper of it, for instance)."""
+    """`python vapo.py ARGS` (program: what takes vapo.py's arguments) on one torch thread, its output in
+    run_dir/stdout.log; an interrupted run is resumed; None (nothing run) if run_dir holds a finished run or another
+    process runs it. Returns the wall seconds, also written to run_dir/wall_seconds."""
     if finished(run_dir):
         return None
     owner = running(run_dir)
@@ -163,10 +158,8 @@ def run_vapo(label: str, args: list[str], run_dir: str, program: tuple[str, ...]
 
 
 def evaluate_again(run_dir: str) -> dict:
-    """The final held-out evaluation of a finished run, made again from its checkpoint's policy with the run's own
-    options: vapo.evaluate samples from a fixed seed (config.STREAMS["evaluation"]), so on the same machine and
-    versions it draws the same responses, and a figure logged only by later versions (pass@k) can be read off a
-    run made before it. The caller checks that the figures the run did log come out the same."""
+    """The final held-out evaluation of a finished run, made again from its checkpoint's policy with the
+    run's options: its sampling seed is fixed, so on the same machine it draws the same responses."""
     import vapo
     from data import load_data
     from engines import make_engine
@@ -176,6 +169,20 @@ def evaluate_again(run_dir: str) -> dict:
     _, held_out = load_data(cfg, tokenizer)
     engine = make_engine(cfg, policy, tokenizer, vapo.parallel)
     return vapo.evaluate(engine, held_out, cfg, verifier_for(cfg))
+
+
+def learn_times(steps: list[dict]) -> dict:
+    """Where a run's training time went, from its RL steps' records (vapo.py's, or bench/vs_trl.py --learn's),
+    evaluations left out: steps, generated samples and tokens, seconds in all, per sample and per 1,000 tokens, the
+    median step, and each phase's seconds in all (where the records have them)."""
+    seconds = sum(r["time/step"] for r in steps)
+    samples = sum(r["samples_generated"] for r in steps)
+    tokens = sum(r.get("response_len", 0.0) * r["samples_generated"] for r in steps)
+    phases = {p: sum(r.get(f"time/{p}", 0.0) for r in steps)
+              for p in ("rollout", "reward", "score", "advantages", "update") if any(f"time/{p}" in r for r in steps)}
+    return {"steps": len(steps), "samples": samples, "tokens": round(tokens), "seconds": seconds,
+            "s_per_sample": seconds / samples, "s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
+            "median_s_per_step": statistics.median(r["time/step"] for r in steps), "phases_s": phases}
 
 
 def mean_of(rows: list[dict], key: str, default=None):
@@ -193,13 +200,9 @@ def mean_sd(values) -> tuple[float, float] | None:
 
 
 def summarise_run(run_dir: str) -> dict | None:
-    """The figures of one finished run folder (None if it did not finish): held-out accuracy (avg@k and greedy)
-    at the first and the last evaluation and the gains, pass@k at both (NaN in runs from before it was logged), the
-    final greedy length over the base's, the critic's
-    explained variance (value pretraining's last 3 steps and whether it reached its gate; the RL steps' mean, beside
-    the step-count floor's and V*'s on the same steps, and the critic's fit to V*), means over the RL steps of the
-    share of clipped critic steps, the NLL's weight, the clip fraction, approx KL and entropy, and the run's
-    seconds."""
+    """The figures of one finished run folder (None if it did not finish): held-out avg@k, greedy and
+    pass@k at the first and last evaluation, the final greedy length over the base's, the critic's explained variance
+    (value pretraining's and the RL steps', beside the floor's and V*'s), means over the RL steps, the seconds."""
     if not finished(run_dir):
         return None
     records = read_records(run_dir)
@@ -394,11 +397,9 @@ POLICY_PROBLEMS = 200  # held-out long-chain problems of judge_policy (five per 
 
 
 def judge_policy(folder: str, problems: int = POLICY_PROBLEMS) -> dict:
-    """The policy in folder on the first `problems` held-out long-chain problems (the runs' own held-out rows),
-    greedy and one sample each at temperature 1 (task.evaluate_accuracy): accuracy, and per step written the
-    rates of the habit (per borrow step), of misread terms (lookups, per step), of other step errors, the share
-    of responses that guess at once (the shortcut), and the share whose first error is a misread or the habit
-    (task.first_error_kind: one kind a response)."""
+    """The policy in folder on the first `problems` held-out long chains, greedy and sampled at T 1
+    (task.evaluate_accuracy): accuracy, the rates per step of the habit, of misreads and of other errors, the
+    shortcut's share, and the shares whose first error is a misread or the habit."""
     model, tokenizer = load_policy(folder, dtype=torch.float32)
     rows = task.make_dataset(problems, 0, task.LONG.min_steps, task.LONG.max_steps, split="eval")
     torch.manual_seed(0)
@@ -424,9 +425,8 @@ def held_out(prompts: int) -> list[dict]:
 
 
 def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 2, seed: int = 0):
-    """The responses every critic is judged on: `samples` per held-out long-chain problem from `policy` at
-    temperature 1 (a fixed seed). Returns (the policy model, rollout, rewards [B] of +1 / -1, decisive [B, T]
-    bool: the tokens task.borrow_digits names)."""
+    """The responses every critic is judged on: `samples` per held-out long chain from `policy` at T 1.
+    Returns (the policy model, rollout, rewards [B] of +1 / -1, decisive [B, T] bool: task.borrow_digits' tokens)."""
     torch.manual_seed(seed)
     model, tokenizer = load_policy(folder_of(policy), dtype=torch.float32)
     problems = held_out(prompts)
@@ -444,9 +444,8 @@ def sample_set(policy: str = "builtin-long", prompts: int = 100, samples: int = 
 
 
 def fitted_exact(policy: str, prompts: int, samples: int, seed: int) -> exact_values.ExactValues:
-    """exact_values.ExactValues of `policy` (its V* and step-count floor), its rates counted on
-    sample_set(policy, prompts, samples, seed + 1): another sample set of the same policy than seed's, so that no response of seed's set is
-    judged by rates it helped measure."""
+    """exact_values.ExactValues of `policy`, its rates counted on another sample set (seed + 1) than
+    sample_set(policy, prompts, samples, seed), so that no response is judged by rates it helped measure."""
     problems = held_out(prompts)
     _, other, other_rewards, _ = sample_set(policy, prompts, samples, seed + 1)
     exact = exact_values.ExactValues()
@@ -472,12 +471,10 @@ def group_credit(rewards: torch.Tensor, mask: torch.Tensor, decisive: torch.Tens
 
 def bias_table(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, alpha: float,
                decisive: torch.Tensor | None = None, lam_fixed: float = 0.95, errors=None, kinds=None) -> dict:
-    """A critic's bias by position. values, mask [B, T], rewards [B] (decisive [B, T] bool, for the credit
-    figures); lam_fixed is the fixed lambda compared with the length-adaptive one (PPO's 0.95). errors: (before,
-    at) [B, T] bool, each wrong response's tokens before its first error (task.first_error) and the token of that
-    error, for the mean advantage on wrong responses' correct steps before their first error and the credit at that
-    error; kinds (task.first_error_kind of each response, with errors): that credit again for the responses whose first error is a
-    misread, and for those whose first error is the habit."""
+    """A critic's bias by position. values, mask [B, T], rewards [B]; decisive [B, T] bool for the credit
+    figures; lam_fixed: the fixed lambda beside the length-adaptive one. errors: (before, at) [B, T] bool, each wrong
+    response's tokens before its first error and that error's token (task.first_error); kinds: each response's
+    task.first_error_kind, for the credit at misreads and at the habit apart."""
     B, T = mask.shape
     lengths = mask.sum(-1)  # [B]
     returns = rewards[:, None].expand(B, T) * mask  # [B, T], gamma = 1: every token's return is the reward
@@ -522,19 +519,11 @@ def _cell(label, values, returns, pick) -> dict:
 
 # --- a Qwen2.5-0.5B-shaped stand-in, built without a download -------------------------------------------------
 # What proves the one-GPU path at its real vocabulary and widths on a CPU (bench/gpu_check.py,
-# tests/test_real_size.py). The tokenizer: a
-# byte-level BPE (the tokenizers library) whose vocabulary holds the 256 byte symbols, filler tokens up to id
-# 151642, then <|endoftext|> (151643), <|im_start|> (151644) and <|im_end|> (151645) as special tokens, in a
-# PreTrainedTokenizerFast with eos = pad = <|endoftext|> (the base model's) and Qwen's <|im_start|>role ...
-# <|im_end|> chat template; the model's generation config ends a response at <|im_end|> or <|endoftext|> (the
-# instruct model's). Text round-trips byte for byte (no merges: one token per byte); the fillers are never
-# produced by encoding, only by a model sampling them, and decode to odd text, as a real model's rare tokens may.
-#
-# Qwen2.5-0.5B's config.json (Qwen/Qwen2.5-0.5B): hidden_size 896, num_hidden_layers 24, num_attention_heads 14,
-# num_key_value_heads 2 (head_dim 896 / 14 = 64), intermediate_size 4864, vocab_size 151936, tie_word_embeddings
-# true, rope_theta 1e6, rms_norm_eps 1e-6, max_position_embeddings 32768, SiLU; 0.49B parameters (0.36B without
-# the embedding). Figures from the model card and config as we know them, cross-checked against copies of that
-# config in other public code; this file never downloads it. The count built here is 494,032,768.
+# tests/test_real_size.py). The tokenizer: byte-level BPE, no merges (text round-trips byte for byte), the 256 byte
+# symbols, fillers up to id 151642 (never produced by encoding), then <|endoftext|>, <|im_start|>, <|im_end|>
+# (151643-151645); eos = pad = <|endoftext|>, Qwen's chat template; generation ends at <|im_end|> or <|endoftext|>.
+# Qwen2.5-0.5B's config.json (Qwen/Qwen2.5-0.5B, from its model card, cross-checked against copies in public code;
+# never downloaded here): 0.49B parameters, 494,032,768 as built here.
 QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
                   rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_act="silu")

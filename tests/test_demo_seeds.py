@@ -1,4 +1,4 @@
-"""bench/demo_seeds.py reads run folders (with bench/common.py, which every sweep shares) and counts what
+"""bench/seeds.py demo reads run folders (with bench/common.py, which every sweep shares) and counts what
 learned: checked on run folders written here by hand (the benchmark itself runs the demo for minutes per seed; see
 docs/results.md for its figures)."""
 import json
@@ -8,7 +8,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import common  # noqa: E402
-import demo_seeds  # noqa: E402
+import seeds  # noqa: E402
 
 
 def fake_run(folder, steps, base, final, ev=0.2, finished=True):
@@ -50,9 +50,9 @@ def test_runs_are_summarised_and_counted(tmp_path):
     assert common.summarise_run(str(tmp_path / "d")) is None
     rows = [{"base": "x", "seed": i, "summary": common.summarise_run(str(tmp_path / n))}
             for i, n in enumerate("abcd")]
-    v = demo_seeds.verdict(rows)
+    v = seeds.demo_verdict(rows)
     assert (v["runs"], v["finished"], v["gained_both_25"], v["ended_below_base"]) == (4, 3, 1, 1)
-    table = demo_seeds.table(rows)
+    table = seeds.demo_table(rows)
     assert "+60.0" in table and "did not finish" in table and len(table.splitlines()) == 6
 
 

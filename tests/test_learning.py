@@ -1,6 +1,6 @@
 """The demo learns: `python vapo.py` (the demo preset, from the shipped base model) run as a user runs it, for its
 first 8 RL steps, then its held-out accuracy compared with the base model's. Slow (a couple of minutes); CI runs it.
-bench/demo_seeds.py measures the whole run over several seeds and base models."""
+bench/seeds.py demo measures the whole run over several seeds and base models."""
 import json
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# docs/results.md's claim, the same bar as bench/demo_seeds.py: runs differ between machines and thread counts (not
+# docs/results.md's claim, the same bar as bench/seeds.py demo: runs differ between machines and thread counts (not
 # bit-identical), so this is one draw from the distribution that the benchmark measured (docs/results.md), whose
 # smallest gain sat far above it; a demo that only drifts moves +-3 points.
 LEARNING_MIN_GAIN = 0.25  # held-out accuracy at the last evaluation minus the base model's, avg@k and greedy
@@ -24,7 +24,7 @@ def test_demo_learns(tmp_path):
     whole run's first 8), evaluated on 100 held-out prompts at steps 0 and 8: the base model's borrow habit is gone
     by then (measured on one thread, 100 held-out prompts, greedy / avg@4: 25 / 36% at step 0 -> 95-100 / 79-92% at
     step 8 on seeds 0-2, docs/results.md), so the gain must already clear the bar by far; the whole run's figures over
-    10 seeds are bench/demo_seeds.py's. Without the teaching views (they sample with a generator of their own and
+    10 seeds are bench/seeds.py demo's. Without the teaching views (they sample with a generator of their own and
     never touch the run's random streams; tests/test_views.py checks them). Measured on seeds 0 / 1 / 2 (one thread,
     under load, 2026-12-05): greedy 25 -> 95 / 100 / 99%, avg@4 36 -> 86 / 79 / 92%, the smallest gain 44 points.
     Most of the time is the 30 steps of value pretraining (about 60% of the run)."""
