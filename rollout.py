@@ -272,11 +272,11 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     The G = n samples of a prompt share it: the prompts go through the model once (N rows) and their KV cache is
     repeated n times (on the demo the prefill of 128 rows was a quarter of a rollout; see docs/results.md).
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
-    of ragged lengths does not pay for its longest response on every row (bench/bench_sampling.py). One host sync
+    of ragged lengths does not pay for its longest response on every row (docs/results.md, "The sampler"). One host sync
     per generated token (the count of finished rows), which a GPU otherwise waits on several times a step.
     preallocate: the KV cache is a PreallocatedLayer per layer, allocated once for prompt + max_new_tokens and
     filled in place, in the autocast dtype when autocast is on (False: transformers' own cache, which grows by
-    concatenation; bench/bench_sampling.py compares the two). The attention mask is preallocated the same way.
+    concatenation; docs/results.md, "The sampler", compares the two). The attention mask is preallocated the same way.
     """
     device = prompt_ids.device
     eos = torch.tensor(eos_ids, device=device)
