@@ -282,7 +282,7 @@ def last_step(cfg, step: int, generated: int) -> bool:
 def evaluates(cfg, step: int, before: int, after: int) -> bool:
     """Whether an evaluation follows RL step `step`, which took the samples generated from `before` to `after`:
     the last step's (last_step), and every --eval-every-samples samples if set, else every --eval-every steps.
-    (bench/vs_trl.py --learn evaluates TRL's run by the same rule.)"""
+    (bench/vs_trl.py evaluates TRL's run by the same rule.)"""
     if last_step(cfg, step, after):
         return True
     if cfg.eval_every_samples:

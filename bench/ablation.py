@@ -565,7 +565,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 steps of every row, seed 0, tiny evaluations")
     ap.add_argument("--report", action="store_true", help="run nothing: write the reports of the runs finished in "
                     "--out (a sweep still under way, or one that stopped before its end)")
-    ap.add_argument("--trl", nargs="*", default=[], help="folders of bench/vs_trl.py --learn runs (TRL's "
+    ap.add_argument("--trl", nargs="*", default=[], help="folders of bench/vs_trl.py runs (TRL's "
                     "GRPOTrainer on the same budget), compared in the time to learn")
     args = ap.parse_args()
     unknown = set(args.rows) - {r for r, _, _ in ROWS}

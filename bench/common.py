@@ -172,7 +172,7 @@ def evaluate_again(run_dir: str) -> dict:
 
 
 def learn_times(steps: list[dict]) -> dict:
-    """Where a run's training time went, from its RL steps' records (vapo.py's, or bench/vs_trl.py --learn's),
+    """Where a run's training time went, from its RL steps' records (vapo.py's, or bench/vs_trl.py's),
     evaluations left out: steps, generated samples and tokens, seconds in all, per sample and per 1,000 tokens, the
     median step, and each phase's seconds in all (where the records have them)."""
     seconds = sum(r["time/step"] for r in steps)
@@ -276,7 +276,7 @@ def build_missing(bases: dict[str, str], jobs: int) -> None:
         list(pool.map(build, todo.items()))
 
 
-# Per preset, bench/ablation.py's sweep (vs_trl.py --learn runs TRL on the same budget and schedule): the RL steps
+# Per preset, bench/ablation.py's sweep (bench/vs_trl.py runs TRL on the same budget and schedule): the RL steps
 # of a row without dynamic sampling (its budget is steps x the preset's batch), how many evaluations along the
 # budget, the held-out sampling, and the algorithms' extra seeds.
 SWEEPS = {"demo": dict(steps=24, evaluations=4, eval_prompts=100, eval_samples=2, algorithm_seeds=[]),

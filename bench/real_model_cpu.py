@@ -10,7 +10,7 @@ these made is in docs/real-model.md.
 base: the base model's held-out accuracy through the trainer's own data, engine and verifier (vapo.verify), the
 share of responses that state an answer, and of prompts with a right sample (a signal for GRPO). step: one RL step
 of `python vapo.py --model GGUF --dataset TASK OPTIONS` and where its time went. Both on one torch thread unless
-OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py --learn (NAME=FOLDER, a name once
+OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py (NAME=FOLDER, a name once
 per seed): held-out accuracy by generated samples, whether the last beats the base by more than twice its standard
 error, the time per sample (common.learn_times), means over seeds, a figure. watch: every 5 s, the CPU seconds of
 each running trainer's process tree (reward workers included) and its folder's records, appended to --cpu-log;

