@@ -137,8 +137,14 @@ def _start_worker(verifier: bytes) -> None:
     quiet_math_verify().__enter__()  # for the worker's whole life: its stderr is the console
     # Import the verifier's module (math-verify and sympy: about a second) here, where the item's clock is not yet
     # running, so a replacement worker's first item is not cut at the bound. An error is that item's to report.
+    # A verifier of ours may also name a warm_up (reward.py's: one fixed, quick item), which makes the imports its
+    # first call makes lazily: where site-packages holds no byte-compiled files they are compiled then, and inside
+    # an item's bound that cut the worker's first items. A user's verifier has none and is never called here.
     with contextlib.suppress(Exception):
-        pickle.loads(verifier)
+        fn = pickle.loads(verifier)
+        warm_up = getattr(getattr(fn, "func", fn), "warm_up", None)  # a functools.partial's function's too
+        if warm_up is not None:
+            warm_up()
 
 
 def _score_item(verifier: bytes, response: str, gold: str) -> tuple[float, bool]:

@@ -30,6 +30,7 @@ Differences from the papers: neither paper specifies its verifier's code. Ours f
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -247,6 +248,16 @@ def math_reward(response: str, gold: str, *, correct: float = CORRECT_REWARD,
     return correct if math_equal(answer, gold) else wrong
 
 
+def _warm_up_math() -> None:
+    """math_reward on one fixed item that math-verify parses and compares at once: a scoring worker calls it before
+    its first item (bounds._start_worker), so the modules math-verify and sympy import on a first call are loaded,
+    and compiled where no byte-compiled files exist, outside any item's bound."""
+    math_reward("Answer: 1/2", "0.5")
+
+
+math_reward.warm_up = _warm_up_math
+
+
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)  # ASCII digits only: int() would also accept "٣" or "1_000"
 
 
@@ -316,6 +327,18 @@ def reasoning_gym_reward(response: str, gold: str, *, correct: float = CORRECT_R
         return wrong
     score = bounds.soft_bounded(lambda: dataset.score_answer(answer, entry), MATH_VERIFY_TIMEOUT_S)
     return correct if score is not None and float(score) >= 1.0 else wrong
+
+
+def _warm_up_reasoning_gym() -> None:
+    """reasoning_gym_reward on one fixed chain_sum problem (its package and a generator's score_answer loaded before
+    a worker's first item, as _warm_up_math does for math-verify); nothing where reasoning-gym is not installed."""
+    with contextlib.suppress(ImportError):
+        entry = _reasoning_gym_dataset("chain_sum", "{}")[0]
+        reasoning_gym_reward(f"Answer: {entry['answer']}", json.dumps({"dataset": "chain_sum", "settings": {},
+                                                                         "entry": entry}))
+
+
+reasoning_gym_reward.warm_up = _warm_up_reasoning_gym
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -37,6 +37,21 @@ def _fragile_verifier(response: str, gold: str) -> float:
     return CORRECT_REWARD if response == gold else WRONG_REWARD
 
 
+def _recording_verifier(response: str, gold: str) -> float:
+    """Appends "item" to the file named by VAPO_TEST_WARM_LOG (module-level, so workers can import it)."""
+    with open(os.environ["VAPO_TEST_WARM_LOG"], "a") as fh:
+        fh.write("item\n")
+    return CORRECT_REWARD
+
+
+def _record_warm_up() -> None:
+    with open(os.environ["VAPO_TEST_WARM_LOG"], "a") as fh:
+        fh.write("warm\n")
+
+
+_recording_verifier.warm_up = _record_warm_up
+
+
 def _worker_pid(response: str, gold: str) -> float:
     """A verifier that scores every item with the pid of the worker it ran in (after a pause, so that a batch
     spreads over every worker)."""
@@ -387,6 +402,26 @@ def test_stuck_and_crashed_workers_lose_no_other_result(caplog):
     # the pool is whole again and still works
     assert reward_batch(["7", "8"], ["7", "8"], _fragile_verifier, num_workers=2) == [R, R]
     assert len(_pool_pids()) == 2
+
+
+def test_a_new_worker_warms_its_verifier_up_before_its_first_item(tmp_path, monkeypatch):
+    """A verifier's warm_up (reward.py's built-ins name one) runs in each new worker before its first item, outside
+    the item's bound: where site-packages has no byte-compiled files, the lazy imports of a first call are compiled
+    there, not inside the first items' bounds. A partial of such a verifier is warmed up too; the built-in ones run
+    in this process without error and leave the verdicts as they are."""
+    log = tmp_path / "order.log"
+    monkeypatch.setenv("VAPO_TEST_WARM_LOG", str(log))  # a spawned worker takes the environment as it is now
+    for verifier in (_recording_verifier, functools.partial(_recording_verifier)):
+        stale = bounds._pools.pop((1, os.getpid()), None)  # a pool of one worker made by another test's verifier
+        if stale is not None:
+            stale.stop()
+            stale.join()
+        log.write_text("")
+        assert reward_batch(["a", "b"], ["x", "y"], verifier, num_workers=1) == [R, R]
+        assert log.read_text().split() == ["warm", "item", "item"], verifier
+    reward.math_reward.warm_up()
+    reward.reasoning_gym_reward.warm_up()
+    assert math_reward("Answer: 1/2", "0.5") == R and math_reward("Answer: 2", "0.5") == W
 
 
 def test_a_hanging_verifier_is_cut_at_the_timeout_and_the_pool_scores_the_next_batch():
