@@ -137,9 +137,9 @@ def _start_worker(verifier: bytes) -> None:
     quiet_math_verify().__enter__()  # for the worker's whole life: its stderr is the console
     # Import the verifier's module (math-verify and sympy: about a second) here, where the item's clock is not yet
     # running, so a replacement worker's first item is not cut at the bound. An error is that item's to report.
-    # A verifier of ours may also name a warm_up (reward.py's: one fixed, quick item), which makes the imports its
-    # first call makes lazily: where site-packages holds no byte-compiled files they are compiled then, and inside
-    # an item's bound that cut the worker's first items. A user's verifier has none and is never called here.
+    # A verifier of ours may also name a warm_up (reward.py's: one fixed, quick item), which makes here the imports
+    # its first call makes lazily (reasoning-gym's package: 1.6 s where site-packages holds no byte-compiled files),
+    # not inside the first item's bound. A user's verifier names none and is never called outside its bound.
     with contextlib.suppress(Exception):
         fn = pickle.loads(verifier)
         warm_up = getattr(getattr(fn, "func", fn), "warm_up", None)  # a functools.partial's function's too
