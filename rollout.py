@@ -26,7 +26,6 @@ rollout_from_tokens builds one from token lists (a vLLM engine's output, a recor
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass, fields
 
@@ -331,27 +330,6 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]  # [B, T0] each
 
 
-@torch.no_grad()
-def kv_cache_bytes_per_token(model, autocast=None, preallocate: bool = True) -> int:
-    """Bytes the sampler's KV cache holds per token of one sequence, measured: a prefill of 2 tokens under
-    `autocast` (the trainer's, e.g. models.autocast(cfg, device)) into the cache `sample` uses (preallocate=False:
-    transformers' own), the filled part of its tensors summed, divided by 2.
-
-    Under bf16 autocast with float32 weights (--bf16), transformers' cache holds K in float32 (rotary embeddings
-    return it so) and V in float32 (5.17, 5.19) or bf16 (5.24): 24 or 18 KB per token at Qwen2.5-0.5B's shape.
-    The sampler's PreallocatedLayer stores the autocast dtype, bf16: 12 KB (tests/test_rollout.py)."""
-    device = next(model.parameters()).device
-    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
-    with autocast if autocast is not None else contextlib.nullcontext():
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-        cache = preallocated_cache(model, 2, dtype) if preallocate else None
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                    **({_cache_kwarg(model): cache} if cache is not None else {}))
-    cache = _output_cache(out)
-    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-    return sum(t.numel() * t.element_size() for t in tensors) // 2
-
-
 # ---- scoring: log-probs and values of a Rollout ---------------------------------------------------------------
 
 def _inputs(rollout: Rollout):
@@ -405,6 +383,8 @@ def response_values(value_model, rollout: Rollout) -> torch.Tensor:
     The state after the last token (s_T, after the EOS) is terminal: V = 0 there by definition, so it is not
     computed (GAE uses 0, see gae.py). Returns [B, T] float32.
     """
+    if hasattr(value_model, "values_of"):  # a constructed critic (machinery/run.py, Hooks): it computes its own
+        return value_model.values_of(rollout)
     if rollout.T == 0:  # only empty responses: no state to value (and [:, -0:] would select every position)
         return rollout.response_mask.float()  # [B, 0]
     input_ids, attention_mask, positions = _inputs(rollout)

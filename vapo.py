@@ -15,7 +15,7 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
     3. score       the policy's old log-probs and the critic's V(s_t), no grad               score
     4. advantages  decoupled, length-adaptive GAE: critic targets and policy advantages       advantages_and_returns
     5. update      mini-batches of PPO (policy) and value-loss (critic) steps                 update
-    6. log         one flat record; evaluate, plot, checkpoint (run.py decides when)         evaluate
+    6. log         one flat record; evaluate, plot, checkpoint (machinery/run.py decides when)   evaluate
 
 The seven techniques, each one switch of Config (e.g. `--no-clip-higher`) and one `if` where it acts:
 
@@ -31,73 +31,70 @@ The paper's baselines are named sets of the same switches (`--algo`, config.ALGO
 critic: gae.group_advantage) and `dapo` (GRPO with clip-higher, the token-level loss, dynamic sampling in
 sample_and_reward and the soft overlong punishment). Where we differ from the paper: docs/techniques.md.
 
-Around this file: config.py (every option, the presets, the command line), run.py (the run folder, signals, when
-to evaluate and save), checkpoints.py, rollout.py (the Rollout batch, the sampling loop that fills it, its
-log-probs and values), engines.py (the HF and vLLM engines), reward.py, gae.py, losses.py, models.py, data.py,
-task.py (the built-in tasks), views.py (the teaching views' record).
+What is not the algorithm plugs in through two hooks (machinery/run.py, Hooks), never through these functions'
+parameters: observers, called with every scored batch (the critic judge and the credit meter against the built-in
+task's exact values V*, the lab's instruments), and critics, modules the trainer calls like its own (the constructed
+reference critics of known quality). Everything else around the loop (the run folder, checkpoints, models, data,
+engines, the built-in task, views and plots, the statistics over processes) is in machinery/.
 """
 from __future__ import annotations
 
 import logging
 import math
-import random
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 import config
 from config import ALGORITHMS, Config
-from checkpoints import rng_kept
-from data import gold_of, prompt_batch
-from engines import engine_asleep, make_engine, sync_engine
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, first_tenth_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
-from models import autocast, frozen_copy, zero_head
 from reward import Verifier, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
-from run import Mean, Progress, Run, SingleProcess, load_inputs, timed
-from exact_values import CriticJudge, CriticOffset, ExactValues
+from machinery import world
+from machinery.data import gold_of, prompt_batch
+from machinery.engines import make_engine
+from machinery.models import SingleProcess, autocast, frozen_copy, trains
+from machinery.run import Hooks, Observed, Progress, Run, Setup, load_inputs, seed_all, timed
+from machinery.world import Mean
 
 log = logging.getLogger("vapo")
-
-
-parallel = SingleProcess()  # how the loop sees the whole batch; scale/train.py replaces it (run.SingleProcess)
 
 
 # ==================================================================================================================
 # The loop
 # ==================================================================================================================
 
-def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
+def train(cfg: Config, resume: bool = False, overwrite: bool = False, hooks: Hooks | None = None,
+          layout: SingleProcess | None = None) -> str:
     """Run VAPO with cfg (the box in this file's docstring); returns the run folder. resume: continue the run in
     cfg.output_dir from its newest readable checkpoint (from the start, if it has none yet); overwrite: start
-    over in a folder that holds a run. Every process of a sharded run (scale/) runs this same function."""
-    # sharded: each process its own draws, except the processes of one tensor-parallel vLLM engine (--vllm-tp): its
-    # sampler draws from this same stream in every one of them, and they must sample alike
-    seed = config.stream(cfg.seed, "trainer") + parallel.rank // (cfg.vllm_tp if cfg.engine == "vllm" else 1)
-    torch.manual_seed(seed)
-    random.seed(seed)
-    policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, parallel)  # checked first
-    run = Run(cfg, parallel, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
+    over in a folder that holds a run. hooks: observers and critics that are not the algorithm (run.Hooks; the
+    built-in task's own are added by Hooks.with_builtin). layout: how the models are held (models.SingleProcess;
+    scale/train.py passes its FSDP2 Sharded, and every process runs this same function)."""
+    layout = layout or SingleProcess()
+    seed_all(cfg)
+    policy, critic, tokenizer, rows, held_out, verifier = load_inputs(cfg, resume, overwrite, layout)  # checked first
+    run = Run(cfg, layout, resume=resume, overwrite=overwrite)  # made once everything it needs has loaded
     reference = frozen_copy(policy) if cfg.kl_coef > 0 else None  # the initial weights (before any restore)
-    with rng_kept():  # a vLLM engine seeds this process's random streams as it starts: the trainer's seeds are kept
-        engine = make_engine(cfg, policy, tokenizer, parallel, critic)  # after the models: sized for what is left
-    policy, critic = parallel.wrap(policy), (parallel.wrap(critic) if critic is not None else None)
-    reference = parallel.wrap(reference) if reference is not None else None
+    engine = make_engine(cfg, policy, tokenizer, layout, critic)  # after the models: sized for what is left
+    policy, critic = layout.wrap(policy), (layout.wrap(critic) if critic is not None else None)
+    reference = layout.wrap(reference) if reference is not None else None
+    setup = Setup(cfg, policy, tokenizer, engine, rows, verifier)
+    hooks = (hooks or Hooks()).with_builtin(setup)  # the task's exact values beside the critic, where it has them
+    critic = hooks.critic(critic, setup) if hooks.critic is not None else critic  # a constructed critic, or as is
+    observers = hooks.observers(setup, critic) if hooks.observers is not None else []
     optimizers = {"policy": make_optimizer(policy, cfg.actor_lr, cfg)}
-    if critic is not None:
+    if trains(critic):
         optimizers["critic"] = make_optimizer(critic, cfg.critic_lr, cfg)
-    run.attach(policy, critic, tokenizer, optimizers, engine)
+    run.attach(policy, critic, tokenizer, optimizers, engine, observers)
     progress = Progress()
-    run.judge = judge = critic_judge(cfg, critic, tokenizer)  # the task's exact values beside the critic, or None
-    run.views.exact = judge.exact if judge is not None else None  # V* drawn beside V(s_t) once it is measured
-    # --critic-offset: V*_0 from the initial policy, so fitted before a resume restores the trained weights
-    run.views.critic_offset = fixed = critic_offset(cfg, critic, engine, rows, verifier, tokenizer)
     if resume:
-        progress = run.restore()
-        sync_engine(engine, policy, parallel)  # the engine samples from the restored weights
+        with engine.idle():  # the engine samples from the restored weights
+            progress = run.restore()
 
     def evaluate_at(step: int, stage: str = "evaluation"):
         if held_out:
@@ -108,9 +105,9 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
         if not progress.value_pretrained:
             if progress.pretrain["step"] == 0:
                 evaluate_at(0, "step 0")  # the base model's accuracy
-            if critic is not None and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
+            if trains(critic) and cfg.value_pretraining and cfg.value_pretrain_steps > 0:  # technique 1
                 if not pretrain_value(policy, critic, optimizers, engine, rows, cfg, verifier, run.emit,
-                                      progress.pretrain, should_stop=run.stop_requested, judge=judge, fixed=fixed):
+                                      progress.pretrain, should_stop=run.stop_requested, observers=observers):
                     run.save(progress)  # stopped by a signal: resumable mid-pretraining
                     run.stopped(0)
                     return run.finish(final_plot=False)
@@ -121,68 +118,66 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> str:
             run.save(progress)
         for step in run.steps(progress):
             run.views.keep_old(policy, step + 1)  # the probes' pi_old, when this step is evaluated
-            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference, judge,  # 1-6
-                             fixed)
-            sync_engine(engine, policy, parallel)  # the next rollout samples from the updated weights
+            record = rl_step(step, policy, critic, optimizers, engine, rows, cfg, verifier, reference,  # 1-6
+                             observers)
             if run.after_step(record, progress, evaluate_at):  # log; then evaluate, plot, save or stop
                 break
     return run.finish()
 
 
 def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier,
-            reference=None, judge=None, fixed=None) -> dict:
+            reference=None, observers=()) -> dict:
     """One VAPO step: 1 rollout, 2 reward, 3 score, 4 advantages, 5 update; returns 6's flat log dict.
     critic None (GRPO, DAPO): nothing is scored or trained for it. reference: the frozen initial policy of
-    --kl-coef (None: no KL term). judge: critic_judge's measure of the critic against the task's exact values
-    (None: not measured). fixed: --critic-offset's V*_0 + b (critic_offset; None: off). A step left without
-    samples (dynamic sampling found no group with varied rewards) skips phases 3-5 and says so in its record."""
+    --kl-coef (None: no KL term). observers (run.Hooks): each sees the scored batch before the update and may add
+    figures to the record. A step left without samples (dynamic sampling found no group with varied rewards)
+    skips phases 3-5 and says so in its record."""
     t_start = time.perf_counter()
-    prompts = parallel.shard(step_prompts(rows, step, cfg))  # this process's share
-    refill = lambda r: parallel.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
+    prompts = world.shard(step_prompts(rows, step, cfg))  # this process's share
+    refill = lambda r: world.shard(step_prompts(rows, step, cfg, r))  # noqa: E731  dynamic sampling's rounds
     rollout, verdicts, stats = sample_and_reward(engine, prompts, cfg, verifier, refill)  # 1, 2
-    stats["samples_generated"] = int(parallel.sum(torch.tensor(stats["samples_generated"])))
-    if hasattr(engine, "sleep"):  # a colocated vLLM engine frees the GPU for the update (synced and woken after)
-        engine.sleep()
-    if rollout.B == 0:
-        log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
-        return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
-    drawn = prompts + [p for r in range(1, stats.get("dynamic/rounds", 0) + 1) for p in refill(r)]  # every round's
-    problems = [drawn[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt (prompt_index counts all rounds)
-    rewards = verdicts.float()  # [B], the verifier's
-    if cfg.overlong_shaping:
-        rewards = rewards + overlong_penalties(rollout.lengths, cfg)
-    device = rollout.response_mask.device
-    with timed(stats, "score", device):
-        scored = score(policy, critic, engine, rollout, cfg, stats, reference)  # 3. no grad
-        scored = with_critic_offset(scored, fixed, rollout, problems)  # --critic-offset: V = V*_0 + b + h
-    with timed(stats, "advantages", device):
-        values = scored.get("values")  # [B, T], or None without a critic
-        advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
-    with timed(stats, "update", device):
-        batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": verdicts > 0}
-        if reference is not None:
-            batch["ref_logprobs"] = scored["ref_logprobs"]
-        if critic is not None:
-            batch |= {"values": values, "returns": returns}
-            if fixed is not None:  # the critic's micro-step adds it to h again
-                batch["critic_offset"] = scored["critic_offset"]
-        train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
+    stats["samples_generated"] = int(world.total(torch.tensor(stats["samples_generated"])))
+    with engine.idle():  # a vLLM engine frees the GPU for the update, and takes the updated weights after it
+        if rollout.B == 0:
+            log.warning("step %d: no group with varied rewards after dynamic sampling: no update", step + 1)
+            return {"step": step + 1, "skipped_no_samples": 1, **stats, "time/step": time.perf_counter() - t_start}
+        drawn = prompts + [p for r in range(1, stats.get("dynamic/rounds", 0) + 1) for p in refill(r)]  # every round's
+        problems = [drawn[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt (prompt_index counts all rounds)
+        rewards = verdicts.float()  # [B], the verifier's
+        if cfg.overlong_shaping:
+            rewards = rewards + overlong_penalties(rollout.lengths, cfg)
+        device = rollout.response_mask.device
+        with timed(stats, "score", device):
+            scored = score(policy, critic, engine, rollout, cfg, stats, reference)  # 3. no grad
+        with timed(stats, "advantages", device):
+            values = scored.get("values")  # [B, T], or None without a critic
+            advantages, returns, lam_policy = advantages_and_returns(rollout, rewards, values, cfg, stats)  # 4
+        seen = Observed("rl", step + 1, rollout, problems, verdicts, rewards, policy, cfg, values, returns,
+                        advantages, scored["old_logprobs"])
+        figures = {k: v for o in observers for k, v in o.observe(seen).items()}  # before the update changes pi
+        with timed(stats, "update", device):
+            batch = {"old_logprobs": scored["old_logprobs"], "advantages": advantages, "positive": verdicts > 0}
+            if reference is not None:
+                batch["ref_logprobs"] = scored["ref_logprobs"]
+            if trains(critic):
+                batch |= {"values": values, "returns": returns}
+            train_stats = update(policy, critic, optimizers, rollout, batch, cfg)  # 5
+        for o in observers:
+            figures |= o.updated(seen) if hasattr(o, "updated") else {}
     stats["time/step"] = time.perf_counter() - t_start
     record = step_record(step, rollout, verdicts, rewards, scored, advantages, returns, lam_policy, cfg,
                          train_stats | stats)
-    if judge is not None:
-        record |= judge(rollout, problems, scored["values"], returns, rewards)
-    return record | {"lr/actor": optimizers["policy"][1].get_last_lr()[0]}
+    return record | figures | {"lr/actor": optimizers["policy"][1].get_last_lr()[0]}
 
 
 def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
                 stats: dict) -> dict:
     """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it). verdicts,
     rewards, lam_policy [B]; advantages, returns and scored's entries [B, T]; stats: the phases' own figures."""
-    mask, every = rollout.response_mask, parallel.all_sum
-    record = {"step": step + 1, "reward_mean": parallel.mean(rewards), "train_acc": parallel.mean(verdicts > 0),
-              "response_len": parallel.mean(rollout.lengths), "truncated_frac": parallel.mean(rollout.truncated),
-              "empty_responses": int(parallel.sum(rollout.lengths == 0)),
+    mask, every = rollout.response_mask, world.all_sum
+    record = {"step": step + 1, "reward_mean": world.mean(rewards), "train_acc": world.mean(verdicts > 0),
+              "response_len": world.mean(rollout.lengths), "truncated_frac": world.mean(rollout.truncated),
+              "empty_responses": int(world.total(rollout.lengths == 0)),
               "groups_all_same": group_all_same(verdicts, cfg.group_size),
               "advantage_mean": masked_mean(advantages, mask, all_sum=every).item(), **stats}
     if "entropy" in scored:  # not given by a sampler that returns only the chosen tokens' log-probs (vLLM)
@@ -194,41 +189,8 @@ def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages,
                    "ev_rest": explained_variance(values, returns, mask - head, all_sum=every),
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "value_error": masked_mean(values - returns, mask, all_sum=every).item(),  # the critic's bias
-                   "lam_policy": parallel.mean(lam_policy)}
+                   "lam_policy": world.mean(lam_policy)}
     return record
-
-
-def critic_judge(cfg: Config, critic, tokenizer):
-    """exact_values.CriticJudge: each RL step's critic against the task's exact values V* and a step-count floor
-    (ev_exact, ev_floor, ev_critic_exact in its record): the built-in task in one process, with a critic, without
-    dynamic sampling; None elsewhere (datasets have no exact values)."""
-    if critic is None or not cfg.builtin or cfg.dynamic_sampling or parallel.world_size > 1:
-        return None
-    return CriticJudge(tokenizer, window=8)
-
-
-def critic_offset(cfg: Config, critic, engine, rows: list[dict], verifier: Verifier, tokenizer,
-                  responses: int = 256) -> CriticOffset | None:
-    """--critic-offset exact:OFFSET:SLOPE, the mechanism lab's constructed critic V = V*_0 + b + h (docs/lab.md; not
-    the paper's), made before step 0: the critic's head zeroed (h = 0), and V*_0 (exact_values.ExactValues) fitted
-    on `responses` responses of the initial policy to training prompts of the run's own stream, with that stream's
-    seed (a resumed run fits the same draws again, before its checkpoint is restored). None without the option."""
-    if cfg.critic_offset is None:
-        return None
-    if parallel.world_size > 1:
-        raise SystemExit("--critic-offset: one process only (its V*_0 is fitted on one process's samples): run "
-                         "vapo.py, not scale/train.py")
-    zero_head(critic)
-    prompts = prompt_batch(rows, 0, responses, config.stream(cfg.seed, "critic_offset"))
-    with autocast(cfg, engine.device):
-        rollout = engine.generate([r["prompt"] for r in prompts], n=1, seed=config.stream(cfg.seed, "critic_offset"),
-                                  batch_size=cfg.batch_size)
-    verdicts = verify(rollout, prompts, cfg, verifier)
-    exact = ExactValues()
-    exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], verdicts)
-    log.info("--critic-offset %s: V*_0 fitted on %d responses of the initial policy (%.1f%% right); the critic is "
-             "V*_0 + b + h, h from zero", cfg.critic_offset, rollout.B, 100 * parallel.mean(verdicts > 0))
-    return CriticOffset(exact, tokenizer, *cfg.critic_bias)
 
 
 def step_prompts(rows: list[dict], step: int, cfg: Config, r: int = 0) -> list[dict]:
@@ -333,23 +295,13 @@ def score(policy, critic, engine, rollout: Rollout, cfg: Config, stats: dict, re
         # at top_p = 1 (with top_p < 1 the sampler's are of the truncated distribution)
         mask = rollout.response_mask
         gap = torch.where(mask.bool(), (scored["old_logprobs"] - rollout.sampler_logprobs).abs(), 0.0)  # [B, T]
-        stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=parallel.all_sum).item()
-        stats["sampler_logprob_gap_max"] = parallel.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
+        stats["sampler_logprob_gap_mean"] = masked_mean(gap, mask, all_sum=world.all_sum).item()
+        stats["sampler_logprob_gap_max"] = world.all_max(gap.max() if gap.numel() else gap.new_zeros(())).item()
     if reference is not None:
         with autocast(cfg, rollout.response_mask.device):
             scored["ref_logprobs"] = score_rollout(reference, None, rollout, cfg.micro_batch_size,
                                                    cfg.temperature)["old_logprobs"]  # [B, T]
     return scored
-
-
-def with_critic_offset(scored: dict, fixed: CriticOffset | None, rollout: Rollout, problems: list[dict]) -> dict:
-    """--critic-offset (docs/lab.md): V(s_t) = V*_0(s_t) + b(t) + h(s_t), fixed(rollout, problems) = V*_0 + b [B, T].
-    scored["values"] (h, the network's) becomes V, what GAE and the logs see; scored["critic_offset"] keeps V*_0 + b
-    for the update, which adds it to h again, so the value loss regresses h on R - V*_0 - b. None: unchanged."""
-    if fixed is None:
-        return scored
-    offset = fixed(rollout, problems)  # [B, T]
-    return scored | {"values": scored["values"] + offset, "critic_offset": offset}
 
 
 def old_logprobs_from_sampler(cfg: Config, engine) -> bool:
@@ -380,10 +332,10 @@ def advantages_and_returns(rollout, rewards: torch.Tensor, values: torch.Tensor 
                                             lam_policy=lam_policy, lam_critic=lam_critic)
     if stats is not None:
         head = first_tenth_mask(mask)
-        stats["advantage_first_tenth"] = masked_mean(advantages, head, all_sum=parallel.all_sum).item()
-        stats["advantage_rest"] = masked_mean(advantages, mask - head, all_sum=parallel.all_sum).item()
+        stats["advantage_first_tenth"] = masked_mean(advantages, head, all_sum=world.all_sum).item()
+        stats["advantage_rest"] = masked_mean(advantages, mask - head, all_sum=world.all_sum).item()
     if cfg.whiten_advantages:
-        advantages = masked_whiten(advantages, mask, all_sum=parallel.all_sum)
+        advantages = masked_whiten(advantages, mask, all_sum=world.all_sum)
     return advantages, returns, lam_policy
 
 
@@ -399,125 +351,77 @@ def update(policy, critic, optimizers: dict, rollout, batch: dict[str, torch.Ten
                     + beta * KL(pi || pi_init)  (our option, --kl-coef)  + mu * L_NLL(correct samples)  (Eq. 9, 6)
         critic: L_V = 0.5 * (V - R)^2, aggregated as the policy loss is, clipped around the old values (--value-clip)
 
-    then one optimizer step of each model, its gradient norm clipped. Each loss is normalised by the whole
-    mini-batch's counts, so the micro-batch size never changes the result; the policy's backward runs before the
-    critic's forward, so the two graphs are never alive at once. A mini-batch with a loss or gradient that is not
-    finite is skipped whole (step_or_skip). batch: "old_logprobs", "advantages" [B, T] and "positive" [B] for the
-    policy, "values", "returns" [B, T] for the critic ("ref_logprobs", "critic_offset" with their options).
-    train_policy False: the critic alone (value pretraining); critic None (GRPO, DAPO): the policy alone."""
-    stats, causes = Mean(), []
-    for models, size, epochs in update_loops(policy, critic, cfg, train_policy):
-        for mb, counts in mini_batches(rollout, batch, cfg, "policy" in models, size, epochs):
-            n_tokens, n_seqs, n_positive = counts  # of the whole mini-batch (every process's share)
-            mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
-            for sub, d in micro_batches(rollout, batch, mb, cfg):
-                m = sub.response_mask  # [b, T]
-                if "policy" in models:
-                    with autocast(cfg, m.device):
-                        logprobs, _ = response_logprobs(models["policy"], sub, cfg.temperature)  # [b, T]
-                    pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low,
-                                                    cfg.eps_high_used, cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8
-                    loss = pg_loss if cfg.policy_gradient else 0.0 * pg_loss  # off: a control (its stats still logged)
-                    kl_stats = nll = None
-                    if cfg.kl_coef > 0:
-                        kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens, n_seqs)
-                        loss = loss + cfg.kl_coef * kl
-                    if cfg.positive_nll:  # Eq. 9
-                        nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
-                        loss = loss + cfg.mu * nll
-                    bad += nonfinite(loss, "policy loss")
-                    loss.backward()
-                    record_policy(mb_stats, m, d["positive"], counts, pg_loss, pg_stats, kl_stats, nll)
-                if "critic" in models:
-                    with autocast(cfg, m.device):
-                        values = response_values(models["critic"], sub)  # [b, T]
-                    if "critic_offset" in d:  # --critic-offset: V = (V*_0 + b) + h, h alone trainable
-                        values = values + d["critic_offset"]
-                    v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip, cfg.loss_agg,
-                                                 n_tokens, n_seqs)
-                    bad += nonfinite(v_loss, "value loss")
-                    v_loss.backward()
-                    record_critic(mb_stats, m, counts, cfg, v_loss, v_stats)
-            if "policy" in models and cfg.positive_nll and n_positive > 0:  # the NLL's weight beside a token's PG
-                mb_stats.add({"nll_weight": cfg.mu * n_tokens / n_positive})
-            cause = step_or_skip(models, optimizers, cfg, mb_stats, bad)  # clip and step, or skip it all
-            if cause is None:
-                stats.merge(mb_stats)
-            else:  # nothing of it is applied or averaged into the step's figures
-                causes.append(cause)
-    return stats.result(parallel) | {"skipped_nonfinite": len(causes)} | (
+    then one optimizer step of each model (step_or_skip). Each micro-batch's loss is divided by the whole
+    mini-batch's counts (over every process), so the gradients sum to the mini-batch's and the micro-batch size never
+    changes the result; the policy's backward runs before the critic's forward, so the two graphs are never alive at
+    once. The critic steps on the actor's mini-batches, or (--critic-mini-batch-size, --critic-epochs) in a loop of
+    its own after the policy's, as verl's does. batch: "old_logprobs", "advantages" [B, T] and "positive" [B] for the
+    policy; "values", "returns" [B, T] for the critic; "ref_logprobs" [B, T] with --kl-coef. train_policy False: the
+    critic alone (value pretraining); critic None (GRPO, DAPO) or one that does not train: the policy alone."""
+    stats, causes, sharded = Mean(), [], world.world_size() > 1
+    both = ({"critic": critic} if trains(critic) else {}) | ({"policy": policy} if train_policy else {})
+    loops = [(both, cfg.mini_batch_size, cfg.ppo_epochs)]  # (models, mini-batch size, epochs)
+    if "critic" in both and cfg.critic_apart:  # the critic on its own terms, after the policy
+        own = ({"critic": critic}, cfg.critic_mini_batch_size or cfg.mini_batch_size, cfg.critic_epochs or cfg.ppo_epochs)
+        loops = ([({"policy": policy}, cfg.mini_batch_size, cfg.ppo_epochs)] if train_policy else []) + [own]
+    for models, mini_batch_size, epochs in loops:
+        for model in models.values():
+            model.train()
+        for _ in range(epochs):  # the order is drawn on the CPU (the same stream on every device)
+            for mb_inds in torch.randperm(rollout.B).to(rollout.lengths.device).split(mini_batch_size // world.world_size()):
+                mask = rollout.response_mask[mb_inds]  # [b, T]
+                positive = mask * batch["positive"][mb_inds, None] if "policy" in models else mask.new_zeros(())
+                counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum(), positive.sum()]).double()
+                n_tokens, n_seqs, n_positive = world.all_sum(counts).tolist()  # the whole mini-batch's: the normalisers
+                if n_tokens == 0:  # only empty responses
+                    continue
+                mb_stats, bad = Mean(), []  # this mini-batch's; merged into stats only if it is applied
+                for micro_inds in by_length(rollout, mb_inds).split(cfg.micro_batch_size):
+                    sub = rollout.select(micro_inds, min_T=1 if sharded else 0)  # trimmed to its lengths
+                    m, n = sub.response_mask, float(sub.response_mask.sum())  # [b, T]; sharded: every process runs
+                    if n == 0 and not sharded:  # as many passes, for FSDP's collectives
+                        continue
+                    d = {k: F.pad(v[micro_inds], (0, max(sub.T - v.shape[1], 0)))[:, :sub.T] if v.dim() == 2
+                         else v[micro_inds] for k, v in batch.items()}  # [b, T] or [b]
+                    if "policy" in models:
+                        with autocast(cfg, m.device):
+                            logprobs, _ = response_logprobs(policy, sub, cfg.temperature)  # [b, T]
+                        pg_loss, pg_stats = policy_loss(logprobs, d["old_logprobs"], d["advantages"], m, cfg.eps_low,
+                                                        cfg.eps_high_used, cfg.loss_agg, n_tokens, n_seqs)  # Eq. 8
+                        loss = pg_loss if cfg.policy_gradient else 0.0 * pg_loss  # off: a control (stats still logged)
+                        if cfg.kl_coef > 0:
+                            kl, kl_stats = kl_to_reference(logprobs, d["ref_logprobs"], m, cfg.loss_agg, n_tokens,
+                                                           n_seqs)
+                            loss = loss + cfg.kl_coef * kl
+                            mb_stats.add(kl_stats, n)
+                        if cfg.positive_nll:  # Eq. 9
+                            nll = positive_nll_loss(logprobs, m, d["positive"], num_tokens=n_positive)
+                            loss = loss + cfg.mu * nll
+                            n_right = float((m * d["positive"][:, None]).sum())
+                            mb_stats.add({"nll_loss": nll.item() * n_positive / max(n_right, 1)}, n_right)
+                        bad += [] if torch.isfinite(loss) else ["policy loss"]
+                        loss.backward()
+                        # logged as the mini-batch's loss: each micro-batch's share, weighted by its tokens
+                        mb_stats.add({"policy_loss": pg_loss.item() * n_tokens / max(n, 1), **pg_stats}, n)
+                    if "critic" in models:
+                        with autocast(cfg, m.device):
+                            values = response_values(critic, sub)  # [b, T]
+                        v_loss, v_stats = value_loss(values, d["returns"], m, d["values"], cfg.value_clip,
+                                                     cfg.loss_agg, n_tokens, n_seqs)
+                        bad += [] if torch.isfinite(v_loss) else ["value loss"]
+                        v_loss.backward()
+                        norm, part = (n_tokens, n) if cfg.token_level_loss else (n_seqs, float((m.sum(-1) > 0).sum()))
+                        mb_stats.add({"value_loss": v_loss.item() * norm / max(part, 1)}, part)
+                        mb_stats.add(v_stats, n)
+                if "policy" in models and cfg.positive_nll and n_positive > 0:  # the NLL's weight beside a token's PG
+                    mb_stats.add({"nll_weight": cfg.mu * n_tokens / n_positive})
+                cause = step_or_skip(models, optimizers, cfg, mb_stats, bad)  # clip and step, or skip it all
+                if cause is None:
+                    stats.merge(mb_stats)
+                else:  # nothing of it is applied or averaged into the step's figures
+                    causes.append(cause)
+    return stats.result() | {"skipped_nonfinite": len(causes)} | (
         {"nonfinite_cause": "; ".join(dict.fromkeys(causes))} if causes else {})
-
-
-def update_loops(policy, critic, cfg: Config, train_policy: bool) -> list[tuple[dict, int, int]]:
-    """The update's loops, each (models, mini-batch size, epochs), the models set to train mode: one loop of both
-    models on the actor's mini-batches; or, with cfg.critic_apart, the critic on its own terms as verl's is, a loop
-    of its own (critic_mini_batch_size, critic_epochs) after the policy's, on the same targets."""
-    models = ({"critic": critic} if critic is not None else {}) | ({"policy": policy} if train_policy else {})
-    for model in models.values():
-        model.train()
-    if critic is None or not cfg.critic_apart:
-        return [(models, cfg.mini_batch_size, cfg.ppo_epochs)]
-    own = ({"critic": critic}, cfg.critic_mini_batch_size or cfg.mini_batch_size, cfg.critic_epochs or cfg.ppo_epochs)
-    return ([({"policy": policy}, cfg.mini_batch_size, cfg.ppo_epochs)] if train_policy else []) + [own]
-
-
-def mini_batches(rollout, batch: dict, cfg: Config, train_policy: bool, size: int, epochs: int):
-    """Each epoch's shuffled mini-batches of `size` samples, as (mb, counts): mb this process's row indices (size /
-    world size of them), counts (tokens, non-empty samples, tokens of correct samples) of the whole mini-batch over
-    every process: the losses' normalisers. A mini-batch of only empty responses is left out."""
-    local_mini = size // parallel.world_size  # this process's share of a mini-batch
-    for _ in range(epochs):
-        # the order is drawn on the CPU (the same stream on every device), then moved to the rollout's device
-        for mb in torch.randperm(rollout.B).to(rollout.lengths.device).split(local_mini):
-            mask = rollout.response_mask[mb]  # [b, T]
-            positive_tokens = (mask * batch["positive"][mb, None]).sum() if train_policy else mask.new_zeros(())
-            counts = parallel.all_sum(torch.stack([mask.sum(), (mask.sum(-1) > 0).sum(), positive_tokens]).double())
-            counts = tuple(counts.tolist())
-            if counts[0] == 0:  # only empty responses
-                continue
-            yield mb, counts
-
-
-def micro_batches(rollout, batch: dict, mb: torch.Tensor, cfg: Config):
-    """The micro-batches of mini-batch mb, rows of similar length together, as (sub, part): sub the rows trimmed to
-    their lengths, part the batch's entries for them. One that holds only empty responses is left out, except
-    sharded: FSDP's collectives need every process to run as many passes (so it runs, one column wide)."""
-    sharded = parallel.world_size > 1
-    for micro in by_length(rollout, mb).split(cfg.micro_batch_size):
-        sub = rollout.select(micro, min_T=1 if sharded else 0)  # trimmed to its lengths
-        if float(sub.response_mask.sum()) == 0 and not sharded:
-            continue
-        yield sub, {k: _columns(v[micro], sub.T) if v.dim() == 2 else v[micro] for k, v in batch.items()}
-
-
-def nonfinite(loss: torch.Tensor, name: str) -> list[str]:
-    """[name] if loss is not finite (its mini-batch will be skipped), else []."""
-    return [] if torch.isfinite(loss) else [name]
-
-
-def record_policy(stats: Mean, m: torch.Tensor, positive: torch.Tensor, counts: tuple, pg_loss: torch.Tensor,
-                  pg_stats: dict, kl_stats: dict | None, nll: torch.Tensor | None):
-    """Logs the policy's figures of one micro-batch, weighted by its tokens (the NLL by its correct samples'),
-    each loss rescaled so that the weighted mean over the mini-batch's micro-batches is the mini-batch's loss."""
-    n_tokens, _, n_positive = counts
-    weight = float(m.sum())
-    if kl_stats is not None:
-        stats.add(kl_stats, weight)
-    if nll is not None:
-        micro_positive = float((m * positive[:, None]).sum())
-        stats.add({"nll_loss": nll.item() * n_positive / max(micro_positive, 1)}, micro_positive)
-    stats.add({"policy_loss": pg_loss.item() * n_tokens / max(weight, 1), **pg_stats}, weight)
-
-
-def record_critic(stats: Mean, m: torch.Tensor, counts: tuple, cfg: Config, v_loss: torch.Tensor, v_stats: dict):
-    """Logs the critic's figures of one micro-batch: the value loss as its own, weighted by what the aggregation
-    counts (tokens or samples); the rest by tokens."""
-    n_tokens, n_seqs, _ = counts
-    weight = float(m.sum())
-    norm, part = (n_tokens, weight) if cfg.loss_agg == "token-mean" else (n_seqs, float((m.sum(-1) > 0).sum()))
-    stats.add({"value_loss": v_loss.item() * norm / max(part, 1)}, part)
-    stats.add(v_stats, weight)
 
 
 def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: Mean, bad: list[str]) -> str | None:
@@ -530,7 +434,7 @@ def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: Mean, bad: 
         if not torch.isfinite(norm):
             bad.append(f"{name} gradient")
         stats.add({f"grad_norm/{name}": norm.item(), f"grad_clipped/{name}": float(norm.item() > cfg.max_grad_norm)})
-    if parallel.any(bool(bad)) and not bad:
+    if world.any_process(bool(bad)) and not bad:
         bad.append("loss in another process")
     if not bad:
         for name in models:
@@ -541,11 +445,6 @@ def step_or_skip(models: dict, optimizers: dict, cfg: Config, stats: Mean, bad: 
     for name in models:
         optimizers[name][0].zero_grad(set_to_none=True)
     return ", ".join(dict.fromkeys(bad)) if bad else None
-
-
-def _columns(x: torch.Tensor, T: int) -> torch.Tensor:
-    """The first T columns of x [b, T'], zero-padded on the right if T' < T."""
-    return x[:, :T] if x.shape[1] >= T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
 def make_optimizer(model, lr: float, cfg: Config):
@@ -561,7 +460,7 @@ def make_optimizer(model, lr: float, cfg: Config):
 # ==================================================================================================================
 
 def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifier: Verifier, emit,
-                   progress: dict | None = None, should_stop=lambda: False, judge=None, fixed=None) -> bool:
+                   progress: dict | None = None, should_stop=lambda: False, observers=()) -> bool:
     """Technique 1, Value-Pretraining (section 3.1): critic-only steps on rollouts of the frozen initial policy,
     targets = Monte-Carlo returns (GAE with lambda = 1: every token's target is the final reward).
 
@@ -569,32 +468,29 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
     figure. Stops after value_pretrain_steps, or once the mean of the last 3 reaches value_pretrain_ev (the gate;
     the last record says whether it was reached, and a cap reached first is a warning). progress = {"step",
     "recent": the last explained variances} is updated in place (a resumed run passes the checkpoint's);
-    should_stop() is asked after each step; judge (critic_judge's) learns the task's exact values from these
-    rollouts; fixed: --critic-offset's V*_0 + b (with_critic_offset). True when finished, False when stopped on
-    request (the caller checkpoints progress)."""
+    should_stop() is asked after each step; observers (run.Hooks) see each scored batch (the critic judge counts
+    the initial policy's responses). True when finished, False when stopped on request (the caller checkpoints)."""
     progress = progress if progress is not None else {"step": 0, "recent": []}
     for step in range(progress["step"], cfg.value_pretrain_steps):
         t0 = time.perf_counter()
-        prompts = parallel.shard(prompt_batch(rows, step, cfg.prompts_per_rollout,
-                                               config.stream(cfg.seed, "pretrain_prompts")))
+        prompts = world.shard(prompt_batch(rows, step, cfg.prompts_per_rollout,
+                                           config.stream(cfg.seed, "pretrain_prompts")))
         rollout, verdicts, _ = sample_round(engine, prompts, cfg, verifier)
         mask = rollout.response_mask
-        needed = judge is not None or fixed is not None  # (a stub engine's rollout may have no prompt_index)
-        problems = [prompts[int(i)] for i in rollout.prompt_index] if needed else None  # [B], row b's prompt
-        if judge is not None:
-            judge.exact.observe(rollout.texts, problems, verdicts)
-        with engine_asleep(engine, policy, parallel):  # a vLLM engine frees the GPU for the critic's update
+        with engine.idle(weights_change=False):  # a vLLM engine frees the GPU for the critic's update
             with autocast(cfg, mask.device):
-                scored = score_rollout(None, critic, rollout, cfg.micro_batch_size)  # no grad
-            scored = with_critic_offset(scored, fixed, rollout, problems)  # --critic-offset: V = V*_0 + b + h
-            values = scored["values"]  # [B, T]
+                values = score_rollout(None, critic, rollout, cfg.micro_batch_size)["values"]  # [B, T], no grad
             _, returns = gae(terminal_rewards(verdicts, mask), values, mask, gamma=cfg.gamma, lam=1.0)  # Monte-Carlo
-            ev = explained_variance(values, returns, mask, all_sum=parallel.all_sum)
-            error = masked_mean(values - returns, mask, all_sum=parallel.all_sum).item()  # bias, defined when EV is not
-            batch = {"values": values, "returns": returns}
-            if fixed is not None:  # the critic's micro-step adds it to h again
-                batch["critic_offset"] = scored["critic_offset"]
-            stats = update(policy, critic, optimizers, rollout, batch, cfg, train_policy=False)
+            ev = explained_variance(values, returns, mask, all_sum=world.all_sum)
+            error = masked_mean(values - returns, mask, all_sum=world.all_sum).item()  # bias, defined when EV is not
+            if observers:
+                problems = [prompts[int(i)] for i in rollout.prompt_index]  # [B], row b's prompt
+                seen = Observed("value pretraining", step + 1, rollout, problems, verdicts, verdicts, policy, cfg,
+                                values, returns)
+                for o in observers:
+                    o.observe(seen)
+            stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
+                           train_policy=False)
         progress["recent"] = recent = (progress["recent"] + [ev])[-3:]
         progress["error"] = error
         progress["step"] = step + 1
@@ -605,7 +501,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         emit({"value_pretrain_step": step + 1, **{k: stats[k] for k in ("value_loss", "grad_clipped/critic")
                                                    if k in stats},
               "explained_variance": ev, "value_error": error, "skipped_nonfinite": stats["skipped_nonfinite"],
-              "train_acc": parallel.mean(verdicts > 0), "response_len": parallel.mean(rollout.lengths),
+              "train_acc": world.mean(verdicts > 0), "response_len": world.mean(rollout.lengths),
               "time/step": time.perf_counter() - t0, **gate})
         if reached:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
@@ -643,29 +539,29 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
             ("avg@%d" % cfg.eval_samples, cfg.eval_samples, cfg.eval_temperature, cfg.eval_top_p, sampled),
             ("greedy", 1, 0.0, 1.0, rows)):
         prompts = len(mine)
-        mine = parallel.shard(mine)  # each process evaluates its share; the figures are over all of them
+        mine = world.shard(mine)  # each process evaluates its share; the figures are over all of them
         if not mine:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
-            out[f"eval/acc_{name}"] = parallel.mean(torch.zeros(0))
+            out[f"eval/acc_{name}"] = world.mean(torch.zeros(0))
             out[f"eval/acc_{name}_se"] = standard_error(torch.zeros(0), prompts)
             if n > 1:
-                out[f"eval/pass@{n}"] = parallel.mean(torch.zeros(0))
-            out[f"eval/response_len_{name}"] = parallel.mean(torch.zeros(0))
-            out |= {f"eval/acc_{name}_steps_{band}": parallel.mean(torch.zeros(0)) for band in bands}
+                out[f"eval/pass@{n}"] = world.mean(torch.zeros(0))
+            out[f"eval/response_len_{name}"] = world.mean(torch.zeros(0))
+            out |= {f"eval/acc_{name}_steps_{band}": world.mean(torch.zeros(0)) for band in bands}
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
                                       seed=config.stream(cfg.seed, "evaluation"), batch_size=eval_batch)
         verdicts = verify(rollout, mine, cfg, verifier)
-        out[f"eval/acc_{name}"] = parallel.mean(verdicts > 0)
+        out[f"eval/acc_{name}"] = world.mean(verdicts > 0)
         per_prompt = torch.zeros(len(mine), dtype=torch.float64).index_add_(  # each prompt's share right
             0, rollout.prompt_index.long().cpu(), (verdicts > 0).double().cpu()) / n
-        out[f"eval/acc_{name}_se"] = parallel.standard_error(per_prompt, prompts)
+        out[f"eval/acc_{name}_se"] = world.standard_error(per_prompt, prompts)
         if n > 1:  # pass@k: the share of prompts with any right sample (sharpening raises avg@k, not pass@k)
-            out[f"eval/pass@{n}"] = parallel.mean((per_prompt > 0).double())
-        out[f"eval/response_len_{name}"] = parallel.mean(rollout.lengths)
+            out[f"eval/pass@{n}"] = world.mean((per_prompt > 0).double())
+        out[f"eval/response_len_{name}"] = world.mean(rollout.lengths)
         for band in bands:
             pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
-            out[f"eval/acc_{name}_steps_{band}"] = parallel.mean(verdicts[pick] > 0)
+            out[f"eval/acc_{name}_steps_{band}"] = world.mean(verdicts[pick] > 0)
     return out
 
 
@@ -674,13 +570,7 @@ def group_all_same(verdicts: torch.Tensor, G: int) -> float:
     if G < 2:
         return float("nan")
     groups = verdicts.view(-1, G)  # [prompts, G]
-    return parallel.mean((groups == groups[:, :1]).all(1))
-
-
-# Logged figures that are NaN when undefined (not a fault): explained variance where every return is the same
-# (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
-UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
-                    "ev_critic_exact")
+    return world.mean((groups == groups[:, :1]).all(1))
 
 
 def config_from_args(argv=None) -> tuple[Config, str | None, bool]:

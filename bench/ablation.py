@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import common  # (puts the repository on the path)
-import plots
-import task
+from machinery import plots
+from machinery import task
 from common import POLICY_PROBLEMS, SWEEPS, judge_policy
 from config import PRESETS
-from models import load_value_model
+from machinery.models import load_value_model
 from rollout import score_rollout
 
 ALGORITHMS = ("PPO", "GRPO", "DAPO", "VAPO")

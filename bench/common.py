@@ -24,14 +24,12 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # the project's modules live at the repository's top level
     sys.path.insert(0, ROOT)
-import builds  # noqa: E402
-import exact_values  # noqa: E402
-import task  # noqa: E402
-from engines import HFEngine  # noqa: E402
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards  # noqa: E402
 from losses import explained_variance, first_tenth_mask  # noqa: E402
-from models import load_policy  # noqa: E402
-from plots import read_jsonl  # noqa: E402  (complete lines only: a line cut by a kill is left out)
+from machinery import builds, exact_values, models, task  # noqa: E402
+from machinery.engines import HFEngine  # noqa: E402
+from machinery.models import load_policy  # noqa: E402
+from machinery.plots import read_jsonl  # noqa: E402  (complete lines only: a line cut by a kill is left out)
 
 
 # --- the machine, the date, files -----------------------------------------------------------------------------
@@ -161,13 +159,14 @@ def evaluate_again(run_dir: str) -> dict:
     """The final held-out evaluation of a finished run, made again from its checkpoint's policy with the
     run's options: its sampling seed is fixed, so on the same machine it draws the same responses."""
     import vapo
-    from data import load_data
-    from engines import make_engine
-    from run import verifier_for
+    from machinery.data import load_data
+    from machinery.engines import make_engine
+    from machinery.models import SingleProcess
+    from machinery.run import verifier_for
     cfg = vapo.Config(**read_json(os.path.join(run_dir, "config.json")))
     policy, tokenizer = load_policy(os.path.join(run_dir, "checkpoint", "policy"), dtype=torch.float32)
     _, held_out = load_data(cfg, tokenizer)
-    engine = make_engine(cfg, policy, tokenizer, vapo.parallel)
+    engine = make_engine(cfg, policy, tokenizer, SingleProcess())
     return vapo.evaluate(engine, held_out, cfg, verifier_for(cfg))
 
 
@@ -266,7 +265,7 @@ def build_missing(bases: dict[str, str], jobs: int) -> None:
     def build(item):
         name, path = item
         recipe = ["--steps", str(WEAK_STEPS)] if name == "weak" else ["--seed", name[4:]]
-        cmd = [sys.executable, "builds.py", "build", *recipe, "--out", path]
+        cmd = [sys.executable, "-m", "machinery.builds", "build", *recipe, "--out", path]
         proc = subprocess.run(cmd, cwd=ROOT, env=thread_env(1), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"building {name} failed:\n{proc.stderr[-3000:]}")
@@ -389,8 +388,8 @@ def n_params(model) -> int:
 
 # --- judging models on held-out long chains -------------------------------------------------------------------
 def folder_of(name: str) -> str:
-    """A shipped model's folder for its name (builds.BUILTIN_MODELS: "builtin-long", ...), else name itself."""
-    return builds.shipped_model(name) if name in builds.BUILTIN_MODELS else name
+    """A shipped model's folder for its name (models.BUILTIN_MODELS: "builtin-long", ...), else name itself."""
+    return models.shipped_model(name) if name in models.BUILTIN_MODELS else name
 
 
 POLICY_PROBLEMS = 200  # held-out long-chain problems of judge_policy (five per step count)

@@ -37,15 +37,13 @@ import traceback
 import torch
 
 import common  # (puts the repository on the path)
-import engines
-import run
-import task
 import vapo
 from common import QWEN25_05B, PeakMemory, in_use, n_params, sync
 from config import PRESETS
-from data import load_data
-from models import load_models
 from rollout import Rollout, score_rollout
+from machinery import engines, run, task
+from machinery.data import load_data
+from machinery.models import load_models
 from scale.memory import counts
 
 log = logging.getLogger("gpu_check")
@@ -655,8 +653,9 @@ def vllm_part(c: Check, box_s: float) -> dict:
         return {"skipped": "vllm is not installed on this machine"}
     cfg = run_config(c.args, c.folder, os.path.join(c.workdir, "run-vllm"), engine="vllm", steps=c.args.vllm_steps)
     c.probe.wrap(vapo, "make_engine", "engine start")  # as vapo.py imported it
-    for name in ("generate", "sleep", "load_weights"):
-        c.probe.wrap(engines.VLLMEngine, name, f"vllm {name}", _generated if name == "generate" else None)
+    from scale import vllm_engine  # optional: vllm is installed (checked above)
+    for name in ("generate", "idle", "load_weights"):
+        c.probe.wrap(vllm_engine.VLLMEngine, name, f"vllm {name}", _generated if name == "generate" else None)
     t0 = time.perf_counter()
     c.train("vllm", cfg, box_s)
     calls = [r for r in c.probe.records if r["phase"] == "vllm"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import shlex
@@ -30,18 +31,18 @@ import torch
 
 import common  # (puts the repository on the path)
 import config
-import exact_values
-import task
+from machinery import exact_values
+from machinery import task
 import vapo
 from common import fitted_exact, folder_of, held_out, sample_set, token_ends
-from data import prompt_batch
-from engines import HFEngine
-from exact_values import bias_values
+from machinery.data import prompt_batch
+from machinery.engines import HFEngine
 from gae import gae, length_adaptive_lambda, terminal_rewards
 from losses import first_tenth_mask
-from models import load_tokenizer, load_value_model, zero_head
-from plots import read_jsonl
-from rollout import response_logprobs, score_rollout
+from machinery.models import autocast, load_tokenizer, load_value_model, zero_head
+from machinery.run import Hooks
+from machinery.plots import read_jsonl
+from rollout import response_logprobs, response_values, score_rollout
 
 POLICY, CRITIC = "builtin-long", "builtin-long-rm"  # the long chains' base policy, and its outcome reward model
 ALPHA = 0.5  # --preset long's alpha of the length-adaptive lambda
@@ -72,6 +73,13 @@ def predicted_shift(lengths: torch.Tensor, T: int, offset: float, slope: float, 
     last = offset + slope * (length - 1) / 100  # [B, 1], b(l - 1)
     shift = slope / 100 * frac - power * last
     return (shift * (t < length)).float()
+
+
+def bias_values(mask: torch.Tensor, offset: float, slope: float) -> torch.Tensor:
+    """[B, T] b(t) = offset + slope * t / 100 on the real tokens (t = the token's index in its response, 0 = the
+    first; slope in value units per 100 tokens), 0 under the mask. mask: [B, T]."""
+    t = torch.arange(mask.shape[1], dtype=torch.float32, device=mask.device)[None, :]  # [1, T]
+    return (offset + slope * t / 100) * mask
 
 
 def noisy_values(star: torch.Tensor, mask: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
@@ -237,7 +245,7 @@ CHECKPOINTS = (5, 10, 20)  # the fits are judged at 0 batches, these, and the la
 def training_batches(args, seed: int) -> list[dict]:
     """args.batches batches of args.batch_prompts training-split problems x args.group samples of the frozen base
     policy (value pretraining's prompt stream of this seed), each {"rollout", "problems", "rewards"}."""
-    from models import load_policy
+    from machinery.models import load_policy
     model, tokenizer = load_policy(folder_of(POLICY), dtype=torch.float32)
     engine = HFEngine(model, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=args.batch_prompts)
     rows = task.make_dataset(20000, config.stream(seed, "builtin_rows"), task.LONG.min_steps, task.LONG.max_steps,
@@ -509,38 +517,153 @@ def decision_record(before: dict, after: dict, advantages: torch.Tensor, bands: 
     return out
 
 
-def record_decisions(argv: list[str]) -> None:
-    """`bench/lab.py record -- VAPO.PY OPTIONS`: vapo.py's own run, with vapo.update wrapped to score the batch's
-    borrow decisions before and after each RL step's update, one line per step in the run folder's DECISIONS."""
-    argv = argv[1:] if argv and argv[0] == "--" else argv
-    cfg, resume, _ = vapo.config_from_args(argv)
+class DecisionRecorder:
+    """An observer (machinery/run.py, Hooks) of a lab run: the batch's borrow decisions scored under the policy before
+    and after each RL step's update (decision_table, decision_record), one line per step in the run folder's
+    DECISIONS. Its record is a file of its own, so its checkpointed state is empty."""
+
+    def __init__(self, folder: str, tokenizer):
+        self.path, self.tokenizer, self.before = os.path.join(folder, DECISIONS), tokenizer, None
+
+    def observe(self, batch) -> dict:
+        if batch.stage == "rl":  # value pretraining does not move the policy
+            self.before = decision_table(batch.policy, batch.rollout, self.tokenizer, batch.cfg.temperature)
+        return {}
+
+    def updated(self, batch) -> dict:
+        cfg = batch.cfg
+        after = decision_table(batch.policy, batch.rollout, self.tokenizer, cfg.temperature)
+        bands = None if cfg.dynamic_sampling else [task.band_of(p["n_steps"]) for p in batch.problems]
+        record = {"step": batch.step, **decision_record(self.before, after, batch.advantages, bands, cfg.eps_high_used)}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict):
+        pass
+
+
+class OffsetCritic(torch.nn.Module):
+    """The mechanism lab's constructed critic of a known bias (docs/lab.md, experiment 1), a reference, not the
+    paper's method:
+
+        V(s_t) = V*_0(s_t) + b(t) + h(s_t),      b(t) = offset + slope * t / 100
+
+    V*_0 the exact values (exact_values.ExactValues) of the initial policy, fitted once before step 0 on
+    OFFSET_RESPONSES responses of it (offset_critic) and then fixed; b a bias of the response position t (V = 0
+    after the last token, GAE's convention, so the bias stops at the end: docs/lab.md's (A1)-(A4) assume it); h the
+    run's critic network, its head set to zero, so V starts at V*_0 + b exactly. The trainer calls it like its own
+    critic (values_of) and trains h alone: the value loss regresses h on R - V*_0 - b. Its weights are h's (its
+    state_dict, config and save_pretrained are the network's), so checkpoints hold a stock value model."""
+
+    def __init__(self, net, exact: exact_values.ExactValues, tokenizer, offset: float, slope: float):
+        super().__init__()
+        self.net, self.exact, self.tokenizer, self.offset, self.slope = zero_head(net), exact, tokenizer, offset, slope
+
+    def values_of(self, rollout) -> torch.Tensor:
+        """[B, T] V*_0 + b + h of the rollout's response tokens, 0 under the mask."""
+        problems = exact_values.problems_of(rollout, self.tokenizer)
+        fixed = self.exact.values(rollout, problems, self.tokenizer) + bias_values(rollout.response_mask, self.offset,
+                                                                                  self.slope)
+        return response_values(self.net, rollout) + fixed
+
+    def state_dict(self, *args, **kwargs):
+        return self.net.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        return self.net.load_state_dict(state, strict=strict, assign=assign)
+
+    def save_pretrained(self, folder: str):
+        self.net.save_pretrained(folder)
+
+    @property
+    def config(self):
+        return self.net.config
+
+
+OFFSET_RESPONSES = 256  # responses of the initial policy that V*_0 is fitted on, one to each of as many prompts
+
+
+def offset_critic(spec: str):
+    """The Hooks.critic of `--critic-offset exact:OFFSET:SLOPE`: the run's critic network wrapped as an OffsetCritic,
+    V*_0 fitted on OFFSET_RESPONSES responses of the initial policy to training prompts of the run's own stream (a
+    resumed run fits the same draws again, before its checkpoint is restored)."""
+    offset, slope = parse_offset(spec)
+
+    def make(critic, setup):
+        cfg, engine = setup.cfg, setup.engine
+        prompts = prompt_batch(setup.rows, 0, OFFSET_RESPONSES, config.stream(cfg.seed, "critic_offset"))
+        with autocast(cfg, engine.device):
+            rollout = engine.generate([r["prompt"] for r in prompts], n=1, batch_size=cfg.batch_size,
+                                      seed=config.stream(cfg.seed, "critic_offset"))
+        verdicts = vapo.verify(rollout, prompts, cfg, setup.verifier)
+        exact = exact_values.ExactValues()
+        exact.observe(rollout.texts, [prompts[int(i)] for i in rollout.prompt_index], verdicts)
+        print(f"--critic-offset {spec}: V*_0 fitted on {rollout.B} responses of the initial policy "
+              f"({100 * float((verdicts > 0).float().mean()):.1f}% right); the critic is V*_0 + b + h, h from zero",
+              flush=True)
+        return OffsetCritic(critic, exact, setup.tokenizer, offset, slope)
+    return make
+
+
+def parse_offset(text: str) -> tuple[float, float]:
+    """--critic-offset "exact:OFFSET:SLOPE" -> (OFFSET, SLOPE), two finite numbers; SystemExit naming what is wrong."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] != "exact":
+        raise SystemExit(f"--critic-offset: {text!r} is not of the form exact:OFFSET:SLOPE (e.g. exact:0:-0.5)")
+    try:
+        numbers = [float(x) for x in parts[1:]]
+    except ValueError:
+        raise SystemExit(f"--critic-offset {text}: OFFSET and SLOPE must be numbers (exact:OFFSET:SLOPE, e.g. "
+                         f"exact:0:-0.5)") from None
+    if not all(math.isfinite(x) for x in numbers):
+        raise SystemExit(f"--critic-offset {text}: OFFSET and SLOPE must be finite numbers")
+    return numbers[0], numbers[1]
+
+
+def split_offset(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(the value of --critic-offset or None, the rest: vapo.py's options)."""
+    if "--critic-offset" not in argv:
+        return None, argv
+    i = argv.index("--critic-offset")
+    if i + 1 == len(argv):
+        raise SystemExit("--critic-offset: give exact:OFFSET:SLOPE (e.g. exact:0:-0.5)")
+    return argv[i + 1], argv[:i] + argv[i + 2:]
+
+
+def record(argv: list[str]) -> str:
+    """`bench/lab.py record -- [--critic-offset exact:OFFSET:SLOPE] VAPO.PY OPTIONS`: vapo.py's own run with the lab's
+    hooks (machinery/run.py, Hooks): the DecisionRecorder always, the OffsetCritic with --critic-offset (the built-in
+    long task, a critic, one process, no dynamic sampling). The offset is kept in the run folder's lab.json, so
+    `record -- --resume DIR` continues with it. Returns the run folder."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    spec, argv = split_offset(argv[1:] if argv[:1] == ["--"] else list(argv))
+    cfg, resume, overwrite = vapo.config_from_args(argv)
     if not (cfg.output_dir or resume):
         raise SystemExit("bench/lab.py record: give vapo.py's --output-dir (the record goes into the run folder)")
-    if cfg.dataset not in ("builtin", "builtin-long"):
+    if not cfg.builtin:
         raise SystemExit(f"bench/lab.py record: the built-in task's borrow decisions only (--dataset {cfg.dataset})")
-    rl_step, update, state = vapo.rl_step, vapo.update, {}
-
-    def rl_step_recorded(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs):
-        prompts = vapo.step_prompts(rows, step, cfg)
-        state.update(step=step + 1, tokenizer=engine.tokenizer, folder=cfg.output_dir,
-                     bands=None if cfg.dynamic_sampling else [task.band_of(p["n_steps"]) for p in prompts])
-        return rl_step(step, policy, critic, optimizers, engine, rows, cfg, *args, **kwargs)
-
-    def update_recorded(policy, critic, optimizers, rollout, batch, cfg, train_policy=True):
-        if not train_policy or "step" not in state:  # value pretraining: the policy does not move
-            return update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
-        before = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
-        out = update(policy, critic, optimizers, rollout, batch, cfg, train_policy)
-        after = decision_table(policy, rollout, state["tokenizer"], cfg.temperature)
-        bands = None if state["bands"] is None else [state["bands"][int(i)] for i in rollout.prompt_index]
-        eps_high = cfg.eps_high if cfg.clip_higher else cfg.eps_low
-        record = {"step": state["step"], **decision_record(before, after, batch["advantages"], bands, eps_high)}
-        with open(os.path.join(state["folder"], DECISIONS), "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        return out
-
-    vapo.rl_step, vapo.update = rl_step_recorded, update_recorded
-    vapo.main(argv)
+    saved = os.path.join(cfg.output_dir, "lab.json")
+    if resume and os.path.exists(saved):
+        spec = json.load(open(saved)).get("critic_offset")
+    if spec is not None:
+        parse_offset(spec)
+        why = ("a critic to offset (not --algo grpo or dapo)" if cfg.group_advantage else
+               "the built-in long task (--dataset builtin-long), whose exact values V* it starts from"
+               if cfg.dataset != "builtin-long" else
+               "no --dynamic-sampling (the refill rounds' problems are not kept)" if cfg.dynamic_sampling else None)
+        if why:
+            raise SystemExit(f"--critic-offset {spec}: needs {why}")
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    if not resume:
+        with open(saved, "w") as fh:
+            json.dump({"critic_offset": spec}, fh)
+    hooks = Hooks(critic=offset_critic(spec) if spec else None,
+                  observers=lambda setup, critic: [DecisionRecorder(cfg.output_dir, setup.tokenizer)])
+    return vapo.train(cfg, resume=resume is not None, overwrite=overwrite, hooks=hooks)
 
 
 def read_decisions(folder: str) -> dict[int, dict]:
@@ -1221,7 +1344,7 @@ SIZES = {"prompts": (100, "held-out problems judged"), "samples": (2, "samples p
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["record"]:
-        return record_decisions(argv[1:])
+        return record(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = ap.add_subparsers(dest="name", required=True, metavar="NAME")
     commands.add_parser("record", help="-- VAPO.PY OPTIONS: one vapo.py run writing its decisions.jsonl")

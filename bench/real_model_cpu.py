@@ -46,11 +46,12 @@ def last_number_is(text: str, gold: str) -> bool:
 def base_accuracy(args) -> dict:
     """base (module docstring)."""
     import vapo
-    from data import load_data
-    from engines import HFEngine
-    from models import load_policy
+    from machinery.data import load_data
+    from machinery.engines import HFEngine
+    from machinery.models import load_policy
     from reward import extract_answer
-    from run import verifier_for
+    from machinery import world
+    from machinery.run import verifier_for
     cfg = vapo.Config(model=args.gguf, dataset=args.task, template=args.template, eval_prompts=args.prompts,
                       max_new_tokens=args.max_new_tokens, reward_workers=1)
     t0 = time.perf_counter()
@@ -74,7 +75,7 @@ def base_accuracy(args) -> dict:
             "max_new_tokens": args.max_new_tokens, "load_s": round(load_s, 1),
             "generate_s": round(generate_s, 1), "tokens": int(rollout.lengths.sum()),
             "truncated": int(rollout.truncated.sum()), "accuracy": right.mean().item(),
-            "accuracy_se": vapo.parallel.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
+            "accuracy_se": world.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
             "prompts_with_a_right_sample": (per_prompt > 0).double().mean().item(),
             "accuracy_among_stated": right[stated].mean().item() if stated.any() else None,
             "last_number_right": last_right.mean().item(), "mean_response_tokens": rollout.lengths.double().mean().item(),

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import common  # (puts the repository on the path)
-import plots
+from machinery import plots
 
 GAIN_TARGET = 0.25  # demo: held-out accuracy points (as a fraction) each of avg@k and greedy should gain
 MISREAD_MARGIN = 0.02  # long: final greedy misreads per step at most the base model's + 2 points

@@ -36,14 +36,12 @@ import transformers
 
 import common  # (puts the repository on the path)
 import config
-import data
-import engines
-import run
 import vapo
 from common import SWEEPS
-from models import load_policy
 from reward import truncation_rule
-from run import verifier_for
+from machinery import data, engines, run
+from machinery.models import SingleProcess, load_policy
+from machinery.run import verifier_for
 
 INSTALL = ("python3 -m venv .venv-trl && . .venv-trl/bin/activate && "
            "pip install torch==2.13.0 -r requirements.txt trl==1.16.0")
@@ -279,7 +277,7 @@ def trl_learn(args, cfg):
     policy, tokenizer, held_out, verifier, dataset, reward_fn, generations = trl_inputs(cfg, plan["rollouts"])
     data.check_gold_answers(held_out, verifier)
     blocks = profiling_blocks(profiling)
-    engine = engines.make_engine(cfg, policy, tokenizer, vapo.parallel)  # vapo.py's: samples from the model itself
+    engine = engines.make_engine(cfg, policy, tokenizer, SingleProcess())  # vapo.py's: samples from the model itself
     records = Records(folder)
     clock = {"samples": 0, "last": 0.0, "blocks": 0}  # samples so far; perf_counter and len(blocks) at the last record
 

@@ -1,12 +1,6 @@
-"""The sharded `parallel` hook of vapo.py: the batch split over the ranks of a torch.distributed world, the policy
-and the critic sharded with PyTorch FSDP2.
+"""The sharded layout of vapo.py's models: the policy and the critic sharded with PyTorch FSDP2 over the ranks of a
+torch.distributed world (models.SingleProcess holds them whole in one process; vapo.train takes either).
 
-vapo.py reads the whole batch through one object, `vapo.parallel` (see run.SingleProcess: the identity in one
-process). `Sharded` has the same methods over every rank:
-
-    all_sum(x)            dist.all_reduce(x, SUM): token counts of the token-level loss, whitening, explained
-                          variance, every logged mean (sum over ranks / count over ranks)
-    shard(prompts)        rank r of W takes prompts[r * n / W : (r + 1) * n / W]: whole groups stay on one rank
     wrap(model)           fully_shard(layer) for each decoder layer, then fully_shard(model): every parameter is a
                           DTensor holding 1 / W of its rows on each rank
     load_models           each model built on the meta device, sharded, and filled from its safetensors files
@@ -15,6 +9,10 @@ process). `Sharded` has the same methods over every rank:
     save_pretrained       the full weights gathered one tensor at a time, written by rank 0 as a Hugging Face
                           folder in files of at most SAVE_FILE_BYTES
     save_optimizers       each rank's optimizer shards, written by torch.distributed.checkpoint (DCP)
+
+The batch's statistics over the ranks (the token counts of the token-level loss, whitening, explained variance,
+every logged mean) are machinery/world.py's plain functions, which see the process group themselves; each rank
+samples its share of the prompts (world.shard: whole groups stay on one rank).
 
 accelerate launches the processes and sets up the process group; it applies no FSDP on a CPU (it falls back to
 DDP silently), so this file calls `fully_shard` itself, the same call on CPU and GPU.
@@ -32,9 +30,9 @@ from safetensors import safe_open
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, GenerationConfig
 
-from models import (empty_model, found_or_exit, is_gguf, load_tokenizer, model_folder, safetensors_files,
+from machinery.models import (empty_model, found_or_exit, is_gguf, load_tokenizer, model_folder, safetensors_files,
                     set_gradient_checkpointing, value_config)
-from run import SingleProcess
+from machinery.models import SingleProcess
 
 log = logging.getLogger(__name__)
 SAVE_FILE_BYTES = 2e9  # the largest weights file a sharded checkpoint writes (rank 0 gathers one file at a time)
@@ -76,7 +74,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 class Sharded(SingleProcess):
-    """vapo.parallel across the ranks of the default process group (see the module docstring).
+    """The models' layout over the ranks of the default process group (see the module docstring).
 
     device: this rank's device (cuda:LOCAL_RANK, or cpu); reductions run there (NCCL needs CUDA tensors).
     bf16: FSDP2 mixed precision, parameters cast to bfloat16 for forward and backward, gradients reduced in float32,
@@ -91,32 +89,6 @@ class Sharded(SingleProcess):
         self.mesh = init_device_mesh(device.type, (self.world_size,))
         self.bf16 = bf16
         self.models: list[torch.nn.Module] = []
-
-    # --- the batch over all ranks ---------------------------------------------------------------------------
-    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.detach().to(self.device, copy=True)
-        dist.all_reduce(y, op=dist.ReduceOp.SUM)
-        return y.to(x.device)
-
-    def all_max(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.detach().to(self.device, copy=True)
-        dist.all_reduce(y, op=dist.ReduceOp.MAX)
-        return y.to(x.device)
-
-    def any(self, flag: bool) -> bool:
-        return bool(self.all_sum(torch.tensor(1.0 if flag else 0.0)).item() > 0)
-
-    def all_keys(self, keys) -> list[str]:
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, sorted(keys))
-        return sorted(set().union(*gathered))
-
-    def shard(self, items: list) -> list:
-        n = len(items)
-        return items[self.rank * n // self.world_size:(self.rank + 1) * n // self.world_size]
-
-    def barrier(self):
-        dist.barrier()
 
     # --- models ---------------------------------------------------------------------------------------------
     def wrap(self, model):
@@ -189,21 +161,21 @@ class Sharded(SingleProcess):
             size += nbytes
         names = (["model.safetensors"] if len(files) == 1 else
                  [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
-        if self.is_main:
+        if self.rank == 0:
             os.makedirs(folder, exist_ok=True)
         weight_map = {}
         for file, part in zip(names, files):
             gathered = {}
             for name, tensor in part:
                 full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-                if self.is_main:
+                if self.rank == 0:
                     gathered[name] = full.detach().to("cpu", copy=True).contiguous()
                     weight_map[name] = file
                 del full
-            if self.is_main:
+            if self.rank == 0:
                 save_file(gathered, os.path.join(folder, file), metadata={"format": "pt"})
             del gathered
-        if self.is_main:
+        if self.rank == 0:
             total = sum(t.numel() * t.element_size() for _, t in tensors)
             if len(files) > 1:
                 with open(os.path.join(folder, "model.safetensors.index.json"), "w") as fh:

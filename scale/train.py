@@ -8,8 +8,8 @@ world, each process samples its share of the prompts, every statistic is over th
 
 The options are vapo.py's (`python scale/train.py --help` lists them); the run folder, its checkpoints and its
 metrics are the same, and `--resume RUN_DIR` continues a sharded run. This file only sets up the world: the
-process group (accelerate's launcher gives rank and world size), this process's device, and `vapo.parallel`, the
-hook through which the loop sees the whole batch (scale/sharded.py). Then it runs vapo.main: the same phases and
+process group (accelerate's launcher gives rank and world size; machinery/world.py's statistics see it), this
+process's device, and the models' layout (scale/sharded.py, FSDP2). Then it runs vapo.train: the same phases and
 the same functions as `python vapo.py`, not a copy of them.
 
 What the sharded run needs of the options, checked before anything loads: --prompts-per-step (prompts are dealt
@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import config  # noqa: E402
 import vapo  # noqa: E402
 from scale.sharded import Sharded  # noqa: E402
 
@@ -60,7 +61,7 @@ def init_world() -> torch.device:
     return torch.device("cpu")
 
 
-def check_sharding(cfg: vapo.Config, world_size: int):
+def check_sharding(cfg: config.Config, world_size: int):
     """SystemExit naming the option when the run cannot be split over world_size processes."""
     if cfg.prompts_per_rollout % world_size:
         raise SystemExit(f"scale/train.py: --prompts-per-step {cfg.prompts_per_step} ({cfg.prompts_per_rollout} "
@@ -84,18 +85,18 @@ def check_sharding(cfg: vapo.Config, world_size: int):
 
 def main(argv=None):
     device = init_world()
-    vapo.parallel = parallel = Sharded(device, timeout=PROCESS_GROUP_TIMEOUT)
-    logging.basicConfig(level=logging.INFO if parallel.is_main else logging.WARNING,
-                        format=f"%(asctime)s rank{parallel.rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
+    layout = Sharded(device, timeout=PROCESS_GROUP_TIMEOUT)
+    logging.basicConfig(level=logging.INFO if layout.rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s rank{layout.rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
     cfg, resume, overwrite = vapo.config_from_args(argv)
-    check_sharding(cfg, parallel.world_size)
-    parallel.bf16 = cfg.bf16 and device.type == "cuda"  # FSDP2 mixed precision on GPUs; a CPU trains in float32
-    if parallel.is_main:
+    check_sharding(cfg, layout.world_size)
+    layout.bf16 = cfg.bf16 and device.type == "cuda"  # FSDP2 mixed precision on GPUs; a CPU trains in float32
+    if layout.rank == 0:
         logging.getLogger("vapo").info("sharded over %d processes (FSDP2), device %s, engine %s",
-                                       parallel.world_size, device.type, cfg.engine)
+                                       layout.world_size, device.type, cfg.engine)
     try:
-        run_dir = vapo.train(cfg, resume=resume is not None, overwrite=overwrite)
-        if parallel.is_main:
+        run_dir = vapo.train(cfg, resume=resume is not None, overwrite=overwrite, layout=layout)
+        if layout.rank == 0:
             print(f"done: {run_dir}")
     finally:
         if dist.is_initialized():  # a vLLM engine's shutdown has already destroyed it

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-import exact_values
-import task
+from machinery import exact_values
+from machinery import task
 import vapo
 from test_vapo import read_metrics, tiny_config
 
@@ -122,17 +122,21 @@ def test_the_critic_on_its_own_mini_batches_and_epochs(tiny_model_dir, tmp_path,
     assert "value_loss" in step and "policy_loss" in step
 
 
-def test_the_nll_weight_is_mu_times_tokens_over_positive_tokens(monkeypatch):
+def test_the_nll_weight_is_mu_times_tokens_over_positive_tokens(tiny_policy, tokenizer):
     """The positive NLL's weight beside one token of a token-level policy loss: mu x N_tokens / N_positive_tokens
-    of the mini-batch (two responses of 3 and 1 tokens, the first correct: 2 x 4 / 3)."""
-    from types import SimpleNamespace
-    cfg = vapo.Config(prompts_per_step=1, samples_per_prompt=2, mini_batch_size=2, micro_batch_size=2, mu=2.0)
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    rollout = SimpleNamespace(B=2, response_mask=mask, lengths=mask.sum(-1))
-    monkeypatch.setattr(vapo, "micro_batches", lambda *a: iter(()))
-    monkeypatch.setattr(vapo, "step_or_skip", lambda *a: None)
-    out = vapo.update(torch.nn.Linear(1, 1), None, {}, rollout, {"positive": torch.tensor([True, False])}, cfg)
-    assert out["nll_weight"] == pytest.approx(2.0 * 4 / 3)
+    of the mini-batch (a real update of the tiny policy on one mini-batch of its own samples, the odd rows correct)."""
+    from machinery.engines import HFEngine
+    cfg = vapo.Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=2, mu=2.0,
+                      max_new_tokens=12)
+    torch.manual_seed(0)
+    rollout = HFEngine(tiny_policy, tokenizer, max_new_tokens=12).generate(["Compute: 3 a+4\n", "Compute: 5 a-2\n"],
+                                                                           n=2)
+    positive = torch.tensor([False, True, False, True])
+    zeros = torch.zeros(rollout.response_mask.shape)
+    batch = {"old_logprobs": rollout.sampler_logprobs, "advantages": zeros, "positive": positive}
+    out = vapo.update(tiny_policy, None, {"policy": vapo.make_optimizer(tiny_policy, 1e-3, cfg)}, rollout, batch, cfg)
+    mask = rollout.response_mask
+    assert out["nll_weight"] == pytest.approx(2.0 * float(mask.sum()) / float(mask[positive].sum()))
 
 
 def test_value_pretraining_says_when_its_cap_came_before_its_gate(tiny_model_dir, tmp_path, caplog):
@@ -196,14 +200,14 @@ def test_the_judge_measures_the_critic_on_what_it_saw_before(tiny_model_dir, tmp
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=1))
     steps = [r for r in read_metrics(run_dir) if "train_acc" in r and "step" in r]
     assert keys <= set(steps[0])
-    from plots import read_tokens
+    from machinery.plots import read_tokens
     views = read_tokens(run_dir)
     assert [any("value_exact" in p for p in r["probes"]) for r in views] == [False, True, True]  # step 0: none yet
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "cold", steps=2, value_pretraining=False))
     steps = [r for r in read_metrics(run_dir) if "train_acc" in r and "step" in r]
     assert not keys & set(steps[0]) and keys <= set(steps[1])
-    assert vapo.critic_judge(tiny_config(tiny_model_dir, tmp_path / "g", algo="grpo", **vapo.ALGORITHMS["grpo"]),
-                             None, None) is None
+    run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "g", steps=1, algo="grpo", **vapo.ALGORITHMS["grpo"]))
+    assert not keys & {k for r in read_metrics(run_dir) for k in r}  # no critic, nothing judged
 
 
 def test_exact_values_put_the_td_error_on_the_habits_first_wrong_token(tokenizer):

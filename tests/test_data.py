@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, gsm8k_answer, gsm8k_final_answer, load_prompts
-from task import build_tokenizer
+from machinery.data import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, gsm8k_answer, gsm8k_final_answer, load_prompts
+from machinery.task import build_tokenizer
 
 
 def write_jsonl(path, rows):
@@ -167,10 +167,10 @@ def test_gsm8k_form_in_a_local_file_is_extracted_and_logged(tmp_path, caplog):
                                               {"question": "Q2?", "answer": "#### 7"},
                                               {"question": "Q3?", "answer": "5"},
                                               {"question": "Q4?", "answer": 76}])
-    with caplog.at_level(logging.INFO, logger="data"):
+    with caplog.at_level(logging.INFO, logger="machinery.data"):
         rows = load_prompts(path, template="raw")
     assert [r["answer"] for r in rows] == ["1200", "7", "5", "76"]
-    messages = [r.getMessage() for r in caplog.records if r.name == "data"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "machinery.data"]
     assert len(messages) == 1 and "2 rows read in GSM8K form" in messages[0] and "g.jsonl" in messages[0]
     # an explicit answer_field still holds a worked solution: it is extracted too
     path = write_jsonl(tmp_path / "h.jsonl", [{"q": "Q?", "solution": "2 + 2 = 4\n#### 4"}])
@@ -186,7 +186,7 @@ def test_gsm8k_marker_without_an_answer_names_the_line(tmp_path):
 
 def test_gsm8k_form_under_another_dataset_name(monkeypatch, caplog):
     fake_datasets(monkeypatch, [{"question": "Q?", "answer": "work\n#### 1,234"}])
-    with caplog.at_level(logging.INFO, logger="data"):
+    with caplog.at_level(logging.INFO, logger="machinery.data"):
         assert load_prompts("someone/gsm8k-copy")[0]["answer"] == "1234"
     assert "someone/gsm8k-copy: 1 rows read in GSM8K form" in caplog.text
     fake_datasets(monkeypatch, [{"question": "Q?", "answer": "work\n#### 1,234"}])

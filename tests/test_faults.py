@@ -4,6 +4,7 @@ Bad options and files (refused before any model loads), a run folder that alread
 line, damaged checkpoints, SIGTERM, non-finite losses, degenerate batches, concurrent base-model builds, and a
 harness that SIGKILLs a tiny run at 20 moments (seeded; five of them inside checkpoint writes) and resumes each.
 """
+import contextlib
 import json
 import math
 import multiprocessing
@@ -20,13 +21,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import checkpoints
+from machinery import checkpoints
 import config
-import models
-import plots
-import run
+from machinery import models
+from machinery import plots
+from machinery import run
 import vapo
-import views
+from machinery import views
 from reward import Verifier
 from vapo import Config
 
@@ -47,9 +48,15 @@ def records(run_dir):
         return [json.loads(line) for line in fh]
 
 
+# Logged figures that are NaN when undefined (not a fault): explained variance where every return is the same
+# (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
+UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
+                    "ev_critic_exact")
+
+
 def not_finite(record):
     return [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)
-            and k not in vapo.UNDEFINED_AS_NAN]
+            and k not in UNDEFINED_AS_NAN]
 
 
 def rl_steps(run_dir):
@@ -97,7 +104,7 @@ def test_missing_model_folder_and_missing_logger_are_named_before_a_run_folder_e
 def test_data_errors_surface_before_the_model_loads(tmp_path, monkeypatch):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"}\n')
-    monkeypatch.setattr(run, "load_models", lambda *a: pytest.fail("the model was loaded before the data"))
+    monkeypatch.setattr(models, "load_models", lambda *a: pytest.fail("the model was loaded before the data"))
     monkeypatch.setattr(run, "load_tokenizer", lambda name: None)
     with pytest.raises(SystemExit, match="--dataset .*bad.jsonl, line 2"):
         vapo.train(Config(**{**TINY, "dataset": str(bad), "template": "raw", "eval_prompts": 1,
@@ -285,6 +292,10 @@ class ScriptedEngine:
         self.model, self.texts, self.lengths, self.truncated, self.T = model, texts, lengths, truncated, T
         self.device = torch.device("cpu")
 
+    @contextlib.contextmanager
+    def idle(self, weights_change=True):  # the engine interface's: nothing to free or sync here
+        yield
+
     def generate(self, prompts, n=1):
         from rollout import Rollout
         B = len(prompts) * n
@@ -326,7 +337,7 @@ def test_degenerate_batches_have_a_defined_logged_outcome(tiny_model_dir, case):
 # ---- the base-model build lock ------------------------------------------------------------------------------------
 
 def test_concurrent_builds_wait_for_one_another(tmp_path):
-    from builds import build_lock
+    from machinery.builds import build_lock
     target, order, said = str(tmp_path / "base"), [], []
     with build_lock(target):
         waiter = threading.Thread(target=lambda: (build_lock(target, said.append).__enter__(), order.append("B")))

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-import builds
+from machinery import builds
 import config
-import data
-import task
+from machinery import data
+from machinery import task
 import vapo
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
@@ -80,7 +80,7 @@ def test_step_errors_read_the_long_labels_and_the_shortcut_is_counted(tokenizer,
 def test_the_reward_model_is_trained_on_the_score_at_eos_only(tokenizer, tiny_policy):
     """reward_model_batch reads each row at its EOS token; train_reward_model's loss there falls, and the
     gradient of a batch comes from those positions only (a change after EOS, in the padding, changes nothing)."""
-    from models import value_model_from_policy
+    from machinery.models import value_model_from_policy
     rng = random.Random(0)
     problems = task.make_dataset(32, 0, 1, 3)
     pairs = [(p, task.solve(p) if i % 2 else task.make_demonstration(p, rng, 1.0, 0.0)["response"])
@@ -103,9 +103,9 @@ def test_the_reward_model_is_trained_on_the_score_at_eos_only(tokenizer, tiny_po
 
 
 def test_build_reward_model_writes_a_loadable_value_model(tmp_path):
-    """`python builds.py reward-model` at tiny size: sampled, labelled, trained, saved with its build record; the
+    """`python -m machinery.builds reward-model` at tiny size: sampled, labelled, trained, saved with its build record; the
     critic's loader keeps its head (a reward model, not a policy with a zero head)."""
-    from models import load_value_model
+    from machinery.models import load_value_model
     base = tmp_path / "base"
     builds.build_base_model(str(base), steps=2, eval_per_step=0, progress=False, chains=task.LONG)
     assert json.load(open(base / builds.BUILD_INFO))["recipe"]["init"] == "builtin"
@@ -150,9 +150,11 @@ def test_the_long_preset_is_the_regime(monkeypatch):
 
 
 def test_a_missing_long_model_names_its_build_command(monkeypatch, tmp_path):
-    monkeypatch.setitem(builds.BUILTIN_MODELS, "builtin-long-rm", str(tmp_path / "absent"))
-    with pytest.raises(SystemExit, match="python builds.py reward-model"):
-        builds.shipped_model("builtin-long-rm")
+    from machinery import models
+    monkeypatch.setitem(models.BUILTIN_MODELS, "builtin-long-rm", (str(tmp_path / "absent"),
+                                                                   models.BUILTIN_MODELS["builtin-long-rm"][1]))
+    with pytest.raises(SystemExit, match="python -m machinery.builds reward-model"):
+        models.shipped_model("builtin-long-rm")
 
 
 def test_critic_bias_compares_mean_values_with_the_monte_carlo_return_by_position():
@@ -220,7 +222,7 @@ def test_the_long_preset_runs_two_steps_from_the_shipped_models(tmp_path):
     long base model and reward model load, the critic starts from the reward model (not zero: V varies along a
     response at step 0), evaluation reports accuracy by band, and the views are written with their
     value-by-position record before and after value pretraining."""
-    import plots
+    from machinery import plots
     cfg, _, _ = config.config_from_args(vapo.Config, vapo.ALGORITHMS, [
         "--preset", "long", "--steps", "2", "--value-pretrain-steps", "1", "--eval-prompts", "8",
         "--eval-every", "2", "--output-dir", str(tmp_path / "run")])

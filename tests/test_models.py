@@ -3,9 +3,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from models import (load_policy, load_tokenizer, load_value_model, resolve_model_name, set_gradient_checkpointing,
+from machinery.models import (load_policy, load_tokenizer, load_value_model, resolve_model_name, set_gradient_checkpointing,
                     value_model_from_policy)
-from task import build_tokenizer
+from machinery.task import build_tokenizer
 
 IDS = torch.tensor([[5, 17, 99, 3, 250, 42], [7, 7, 8, 200, 1, 0]])
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import config
-import data
-import models
+from machinery import data
+from machinery import models
 import reward
 import vapo
 
@@ -159,7 +159,7 @@ def test_gguf_without_the_package_or_the_file_is_one_line(tiny_gguf, monkeypatch
     path, _ = tiny_gguf
     with pytest.raises(SystemExit, match=r"no such GGUF file"):
         models.load_policy(str(tmp_path / "missing.gguf"))
-    import run
+    from machinery import run
     run.check_inputs(vapo.Config(model=path))  # a GGUF file is not a missing folder
     with pytest.raises(SystemExit, match="the vLLM engine starts from a model folder"):
         run.check_inputs(vapo.Config(model=path, engine="vllm"))

@@ -1,5 +1,6 @@
 """rollout.py and engines.py: sampling with group structure, masks and EOS, sampler vs recomputed
 log-probs, value alignment, invariance to what sits under the masks, gradients, micro-batching."""
+import contextlib
 import dataclasses
 from types import SimpleNamespace
 
@@ -7,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from models import value_model_from_policy
-import engines
-from engines import HFEngine
+from machinery.models import value_model_from_policy
+from machinery import engines
+from machinery.engines import HFEngine
 import rollout
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 
@@ -335,6 +336,29 @@ def test_a_group_shares_one_prefill_of_its_prompt(tiny_policy, tokenizer, monkey
     assert torch.allclose(shared.sampler_logprobs, separate.sampler_logprobs, atol=ATOL, rtol=0)
 
 
+@torch.no_grad()
+def kv_cache_bytes_per_token(model, autocast=None, preallocate: bool = True) -> int:
+    """Bytes the sampler's KV cache holds per token of one sequence, measured (docs/scaling.md's KV-cache row): a
+    prefill of 2 tokens under
+    `autocast` (the trainer's, e.g. models.autocast(cfg, device)) into the cache rollout.sample uses
+    (preallocate=False: transformers' own), the filled part of its tensors summed, divided by 2.
+
+    Under bf16 autocast with float32 weights (--bf16), transformers' cache holds K in float32 (rotary embeddings
+    return it so) and V in float32 (5.17, 5.19) or bf16 (5.24): 24 or 18 KB per token at Qwen2.5-0.5B's shape.
+    The sampler's PreallocatedLayer stores the autocast dtype, bf16: 12 KB."""
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+    with autocast if autocast is not None else contextlib.nullcontext():
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        cache = rollout.preallocated_cache(model, 2, dtype) if preallocate else None
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                    **({rollout._cache_kwarg(model): cache} if cache is not None else {}))
+    cache = rollout._output_cache(out)
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return sum(t.numel() * t.element_size() for t in tensors) // 2
+
+
+
 def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
     """The measurement behind docs/scaling.md's KV-cache row: at Qwen2.5-0.5B's attention shape (hidden 896,
     14 heads, 2 KV heads of 64), per layer and token. With float32 weights under bf16 autocast (--bf16), the
@@ -343,8 +367,6 @@ def test_kv_cache_bytes_per_token_at_qwen25_05b_attention_shape():
     5.24: measured here as 2 to 4 bytes, never asserted as one release's dtypes. Without autocast, float32
     weights cache 4 bytes and bfloat16 weights 2, with either cache."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from rollout import kv_cache_bytes_per_token
     config = Qwen2Config(hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=64, vocab_size=64, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).eval()
@@ -411,7 +433,7 @@ def test_the_preallocated_cache_is_one_buffer_filled_in_place(tiny_policy):
 def test_a_model_the_preallocated_cache_does_not_fit_samples_with_its_own(tokenizer):
     """Sliding-window attention (or any layer that is not plain full attention) gets no preallocated cache: the
     sampler lets the model make its own, and the samples still score as they were drawn."""
-    import task
+    from machinery import task
     from transformers import Qwen2ForCausalLM
     model = Qwen2ForCausalLM(task.tiny_config(tokenizer, use_sliding_window=True, sliding_window=8,
                                               max_window_layers=0)).eval()

@@ -8,8 +8,8 @@ import statistics
 import pytest
 import torch
 
-import builds
-import task
+from machinery import builds
+from machinery import task
 
 
 def _value(expr_terms) -> int:
@@ -175,20 +175,13 @@ def test_build_base_model_writes_a_loadable_folder(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["base"]
 
 
-def test_cache_location_and_reuse(tmp_path, monkeypatch):
-    monkeypatch.setenv("VAPO_CACHE", str(tmp_path))
-    monkeypatch.setattr(builds, "SHIPPED_BASE", str(tmp_path / "not-shipped"))  # a checkout without the shipped model
-    path = builds.base_model_path()
-    assert path == builds.cache_path() == os.path.join(str(tmp_path), builds.BASE_NAME)
-    os.makedirs(path)
-    with open(os.path.join(path, builds.BUILD_INFO), "w") as f:
-        json.dump({}, f)
-    assert builds.ensure_base_model(log=lambda msg: pytest.fail("must not rebuild a cached model")) == path
-
-
-def test_the_demo_starts_from_the_shipped_base_model():
-    shipped = builds.ensure_base_model(log=lambda msg: pytest.fail("must not build: it is shipped"))
-    assert shipped == builds.SHIPPED_BASE
+def test_the_demo_starts_from_the_shipped_base_model(monkeypatch, tmp_path):
+    """The built-in names are the shipped folders; a checkout that lacks one is told, in one line, how to build it."""
+    from machinery import models
+    assert models.shipped_model("builtin") == builds.SHIPPED_BASE
+    monkeypatch.setitem(models.BUILTIN_MODELS, "builtin", (str(tmp_path / "absent"), models.BUILTIN_MODELS["builtin"][1]))
+    with pytest.raises(SystemExit, match="python -m machinery.builds build --out base-model"):
+        models.shipped_model("builtin")
 
 
 def test_shipped_base_model_is_the_recorded_one_and_scores_as_recorded():

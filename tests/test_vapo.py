@@ -8,14 +8,15 @@ import os
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import config
-import data
-import run
+from machinery import data
+from machinery import run, world
 import vapo
 from reward import Verifier, arith_reward
 from vapo import Config
@@ -292,7 +293,6 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_policys():
     """auto: the sampler's log-probs are PPO's old ones only from the HF engine of one process (it samples from
     the policy itself) at top_p 1 without bf16; sampler at top_p < 1 is refused (the nucleus's log-probs are not
     the policy's)."""
-    from types import SimpleNamespace
     own = SimpleNamespace(own_weights=False)  # HFEngine in one process
     copy = SimpleNamespace(own_weights=True)  # vLLM, or the HF engine of a sharded run
     auto = Config()
@@ -310,12 +310,12 @@ def test_old_logprobs_come_from_the_sampler_only_where_they_are_the_policys():
 
 def test_every_row_of_a_dynamically_sampled_batch_is_judged_against_its_own_prompt(tiny_model_dir):
     """With dynamic sampling a batch holds refill rounds' prompts, and rollout.prompt_index counts every round's:
-    the problems an RL step hands its judge (and --critic-offset) are each row's own. Round 0's groups are made to
+    the problems an RL step hands its observers are each row's own. Round 0's groups are made to
     all get the same reward, so every kept row comes from a refill."""
-    import task
-    from data import gold_of
-    from engines import HFEngine
-    from models import load_policy, value_model_from_policy
+    from machinery import task
+    from machinery.data import gold_of
+    from machinery.engines import HFEngine
+    from machinery.models import load_policy, value_model_from_policy
     rows = task.make_dataset(64, seed=0, split="train")
     cfg = tiny_config(tiny_model_dir, "unused", algo="vapo", dynamic_sampling=True, dynamic_sampling_rounds=2)
     first = {gold_of(r) for r in vapo.step_prompts(rows, 0, cfg)}
@@ -327,8 +327,8 @@ def test_every_row_of_a_dynamically_sampled_batch_is_judged_against_its_own_prom
                   "critic": vapo.make_optimizer(critic, cfg.critic_lr, cfg)}
     engine = HFEngine(policy, tok, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     seen = []
-    judge = lambda rollout, problems, *_: seen.append((rollout, problems)) or {}  # noqa: E731
-    record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, verifier, judge=judge)
+    observer = SimpleNamespace(observe=lambda batch: seen.append((batch.rollout, batch.problems)) or {})
+    record = vapo.rl_step(0, policy, critic, optimizers, engine, rows, cfg, verifier, observers=[observer])
     assert record["dynamic/rounds"] >= 1 and seen
     rollout, problems = seen[0]
     assert len(problems) == rollout.B > 0 and not {gold_of(p) for p in problems} & first  # all from refills
@@ -350,9 +350,9 @@ def test_sampler_old_logprobs_make_the_same_step_as_a_scoring_pass(tiny_model_di
     1.6e-5: AdamW's first steps move a weight by up to lr = 1e-3 whatever the gradient's size, so rounding in
     a near-zero gradient shows), and the logged entropy the same. The scoring pass finds the sampler's
     log-probs equal to its own (the logged gap)."""
-    import task
-    from models import load_policy, value_model_from_policy
-    from engines import HFEngine
+    from machinery import task
+    from machinery.models import load_policy, value_model_from_policy
+    from machinery.engines import HFEngine
     rows = task.make_dataset(32, seed=0, split="train")
     out = {}
     for mode in ("sampler", "recompute"):
@@ -418,8 +418,8 @@ def test_advantage_by_position_is_the_raw_advantage_split():
 
 def test_positive_nll_switch(tiny_model_dir, tmp_path):
     """Off: no NLL term at all. On, with every sample marked correct: the NLL is logged and positive."""
-    from models import load_policy, value_model_from_policy
-    from engines import HFEngine
+    from machinery.models import load_policy, value_model_from_policy
+    from machinery.engines import HFEngine
     from rollout import score_rollout
     policy, tok = load_policy(tiny_model_dir)
     critic = value_model_from_policy(policy)
@@ -445,8 +445,8 @@ def test_no_policy_gradient_learns_from_the_nll_alone(tiny_model_dir):
     """--no-policy-gradient (online RAFT, a control): the advantages no longer reach the policy, so an update with
     random advantages lands where one with zero advantages does, and the NLL still moves it; with the policy
     gradient on, the same advantages move it elsewhere. Without the NLL the option is refused."""
-    from models import load_policy, value_model_from_policy
-    from engines import HFEngine
+    from machinery.models import load_policy, value_model_from_policy
+    from machinery.engines import HFEngine
     from rollout import score_rollout
     policy, tok = load_policy(tiny_model_dir)
     critic = value_model_from_policy(policy)
@@ -535,12 +535,11 @@ def test_plot_frees_its_figure(tmp_path):
     metrics.write_text("".join(json.dumps({"step": s, "train_acc": 0.5, "response_len": 40.0, "policy_loss": 0.1})
                                + "\n" for s in (1, 2, 3)))
     code = ("import gc, sys, types\n"
-            "import run\n"
+            "from machinery import run\n"
             "from matplotlib.figure import Figure\n"
             "if sys.argv[2] == 'no-collect':\n"
             "    run.gc = types.SimpleNamespace(collect=lambda: None)  # what plot did before\n"
-            "folder = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1],\n"
-            "                               parallel=run.SingleProcess())\n"
+            "folder = types.SimpleNamespace(metrics_path=sys.argv[1] + '/metrics.jsonl', dir=sys.argv[1])\n"
             "run.plot(folder)  # the first plot also fills matplotlib's caches\n"
             "gc.collect()\n"
             "run.plot(folder)\n"
@@ -559,8 +558,8 @@ def test_plot_frees_its_figure(tmp_path):
 def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     """Held-out prompts x k are sampled in passes of at most a training rollout's rows (or --eval-batch-size
     prompts x k), not in one KV cache for the whole evaluation; greedy results do not depend on the passes."""
-    from engines import HFEngine
-    from task import make_dataset
+    from machinery.engines import HFEngine
+    from machinery.task import make_dataset
     rows = make_dataset(6, seed=0, split="eval")
     engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
     widths = []
@@ -582,8 +581,8 @@ def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
 def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(tiny_policy, tokenizer):
     """#30: each accuracy comes with its standard error over prompts (a prompt's k samples are one unit), and
     --eval-sampled-prompts N samples avg@k on the first N held-out prompts only while greedy takes them all."""
-    from engines import HFEngine
-    from task import make_dataset
+    from machinery.engines import HFEngine
+    from machinery.task import make_dataset
     rows = make_dataset(6, seed=0, split="eval")
     engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=8)
     prompts = []
@@ -596,7 +595,7 @@ def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(
     p = out["eval/acc_greedy"]
     assert out["eval/acc_greedy_se"] == pytest.approx((p * (1 - p) / 5) ** 0.5)  # 0/1 per prompt, s^2 over 5
     assert 0 <= out["eval/acc_avg@2_se"] <= 0.5
-    assert vapo.parallel.standard_error(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=torch.float64), 4) == \
+    assert world.standard_error(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=torch.float64), 4) == \
         pytest.approx(statistics.stdev([0.0, 0.5, 1.0, 0.5]) / 2)
     with pytest.raises(ValueError, match="--eval-sampled-prompts"):
         Config(eval_sampled_prompts=0).validate()
@@ -605,8 +604,8 @@ def test_evaluation_gives_standard_errors_over_prompts_and_avg_at_k_on_a_subset(
 def test_pass_at_k_counts_a_prompt_once_any_of_its_samples_is_right(tiny_policy, tokenizer, monkeypatch):
     """Three prompts x 2 samples scored [+ -], [- -], [+ +]: avg@2 is 3 of 6, pass@2 is 2 of 3; greedy (k = 1) has
     no pass@k."""
-    from engines import HFEngine
-    from task import make_dataset
+    from machinery.engines import HFEngine
+    from machinery.task import make_dataset
     fixed = {6: torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0]), 3: torch.tensor([1.0, -1.0, -1.0])}
     monkeypatch.setattr(vapo, "verify", lambda rollout, rows, cfg, verifier, stats=None: fixed[rollout.B])
     cfg = Config(prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, eval_samples=2, max_new_tokens=4)
@@ -637,39 +636,56 @@ def test_a_truncated_response_earns_the_wrong_reward_unless_graded():
         Config(truncated_reward="half").validate()
 
 
+class TableCritic(torch.nn.Module):
+    """A constructed critic (machinery/run.py, Hooks) with one trainable value per row and token: row b's values are
+    table[prompt_index[b]], so a micro-batch of any rows finds its own."""
+
+    def __init__(self, B: int, T: int):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.zeros(B, T))
+
+    def values_of(self, rollout):
+        return self.table[rollout.prompt_index, :rollout.T] * rollout.response_mask
+
+
+def rows_of_lengths(lengths: list[int], T: int):
+    """A Rollout of len(lengths) responses of those lengths (one prompt token each; row b is prompt b)."""
+    from rollout import Rollout
+    B = len(lengths)
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return Rollout(prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                   response_ids=torch.zeros(B, T, dtype=torch.long), response_mask=mask,
+                   lengths=torch.tensor(lengths), truncated=torch.zeros(B, dtype=torch.bool),
+                   sampler_logprobs=torch.zeros(B, T), prompt_index=torch.arange(B), texts=[""] * B)
+
+
 @pytest.mark.parametrize("algo, agg", [("vapo", "token-mean"), ("ppo", "seq-mean-token-mean"),
                                        ("grpo", "seq-mean-token-mean")])
 def test_the_critic_loss_is_aggregated_as_the_policy_loss(monkeypatch, algo, agg):
-    """#31.3: the value loss was token-mean for every algorithm; verl's critic follows its actor's loss_agg_mode."""
+    """#31.3: the value loss was token-mean for every algorithm; verl's critic follows its actor's loss_agg_mode.
+    The update's critic gradient on one mini-batch (a short and a long response: the two aggregations differ),
+    taken at its optimizer step, is the aggregation's, whatever the micro-batches."""
     from losses import aggregate
-    cfg = Config(**vapo.ALGORITHMS[algo])
+    cfg = Config(**{**vapo.ALGORITHMS[algo], "group_advantage": False}, prompts_per_step=1, samples_per_prompt=2,
+                 mini_batch_size=2, micro_batch_size=1)
     assert cfg.loss_agg == agg
-    ro = FakeRollout([1, 4], T=4)  # a short and a long response: the two aggregations differ
-    values = torch.zeros(2, 4, requires_grad=True)
-    monkeypatch.setattr(vapo, "response_values", lambda critic, sub: values)
-    monkeypatch.setattr(vapo, "autocast", lambda cfg, device: contextlib.nullcontext())
-    ro.response_ids = torch.zeros(2, 4, dtype=torch.long)
+    ro, critic = rows_of_lengths([1, 4], T=4), TableCritic(2, 4)
     returns = torch.tensor([[1.0, 0, 0, 0], [-1.0, -1.0, -1.0, -1.0]])
-    d = {"returns": returns, "values": torch.zeros(2, 4)}
-    # the update's loops over this one micro-batch, the critic alone; its gradient kept at the optimizer step
-    monkeypatch.setattr(vapo, "mini_batches", lambda *args: iter([(torch.arange(2), (5.0, 2.0, 0.0))]))
-    monkeypatch.setattr(vapo, "micro_batches", lambda *args: iter([(ro, d)]))
     grads = []
     monkeypatch.setattr(vapo, "step_or_skip", lambda models, optimizers, cfg, stats, bad: grads.append(
-        (values.grad.clone(), bad)) and None)
-    out = vapo.update(None, torch.nn.Linear(1, 1), {}, ro, d, cfg, train_policy=False)
+        (critic.table.grad.clone(), bad)) and None)
+    out = vapo.update(None, critic, {}, ro, {"returns": returns, "values": torch.zeros(2, 4)}, cfg, train_policy=False)
     assert len(grads) == 1 and grads[0][1] == []  # one mini-batch, every loss finite
-    expected = aggregate(0.5 * returns ** 2, ro.response_mask, agg)
-    values.grad = None
-    (aggregate(0.5 * (values - returns) ** 2, ro.response_mask, agg)).backward()
+    values = torch.zeros(2, 4, requires_grad=True)
+    aggregate(0.5 * (values - returns) ** 2, ro.response_mask, agg).backward()
     torch.testing.assert_close(grads[0][0], values.grad)  # the same gradient as the policy's aggregation gives
-    assert out["value_loss"] == pytest.approx(float(expected))
+    assert out["value_loss"] == pytest.approx(float(aggregate(0.5 * returns ** 2, ro.response_mask, agg)))
 
 
 def test_dynamic_sampling_refills_from_the_main_stream_without_repeats():
     """#31.4: the refill drew from a stream of its own (seed + 2), so a step could hold a prompt twice. Now step s
     owns a block of 1 + rounds batches of the one stream."""
-    import data
+    from machinery import data
     rows = [{"prompt": f"p{i}", "answer": "1"} for i in range(48)]  # 3 blocks of 16 an epoch
     cfg = Config(prompts_per_step=4, samples_per_prompt=2, dynamic_sampling=True, dynamic_sampling_rounds=3, seed=3)
     old_repeats = 0
@@ -724,13 +740,13 @@ def test_the_runs_random_streams_are_named_in_one_place():
     to the seed, and the streams that must not share draws do not (the RL steps' prompts against value
     pretraining's; the evaluation's sampling against the trainer's)."""
     import re
-    for name in ("vapo.py", "run.py", "views.py", "checkpoints.py", "rollout.py", "engines.py", "data.py",
-                 "models.py", "config.py"):
+    for name in ("vapo.py", "machinery/run.py", "machinery/views.py", "machinery/checkpoints.py", "rollout.py",
+                 "machinery/engines.py", "machinery/data.py", "machinery/models.py", "config.py"):
         source = open(os.path.join(ROOT, name)).read()
         assert not re.search(r"seed\s*\+\s*\d", source), name
     streams = config.STREAMS
     assert streams["rl_prompts"] != streams["pretrain_prompts"] and streams["evaluation"] != streams["trainer"]
-    import task
+    from machinery import task
     cfg = Config(prompts_per_step=4, value_pretrain_steps=1)
     rows = task.make_dataset(200, config.stream(cfg.seed, "builtin_rows"), 1, 10, split="train")
     rl = vapo.step_prompts(rows, 0, cfg)

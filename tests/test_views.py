@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import torch
 
 import gae
-import plots
-import run
+from machinery import plots
+from machinery import run
 import vapo
-import views as views_mod
+from machinery import views as views_mod
 
 
 def hand_made_record(rng: torch.Generator) -> dict:
@@ -112,7 +112,7 @@ def test_a_run_records_the_views_at_step_0_after_pretraining_and_at_each_evaluat
 
     class FakeRun(SimpleNamespace):  # a class: TokenViews holds its run by a weak reference
         pass
-    fake = FakeRun(cfg=cfg, dir=cfg.output_dir, parallel=run.SingleProcess())
+    fake = FakeRun(cfg=cfg, dir=cfg.output_dir)
     views = views_mod.TokenViews(fake)
     views.truncate(1)  # what Run.restore does on a resume from a step-1 checkpoint
     assert [(r["step"], r["stage"]) for r in plots.read_tokens(cfg.output_dir)] == [
