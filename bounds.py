@@ -6,6 +6,7 @@
   bound costs a new worker's start (about a second).
 - score_in_pool(...): reward_batch's worker processes, a pebble.ProcessPool per process, each item under a hard
   wall-clock bound: a worker past it is killed and replaced (time in C code cannot be interrupted otherwise).
+  pebble is imported there, on first use: the built-in task scores in process and never needs it.
 
 A module of its own so that reward.py reads as the rules; reward.py imports it, never the other way round.
 """
@@ -22,8 +23,6 @@ import signal
 import sys
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
-
-import pebble
 
 SOFT_BOUND_REPEAT_S = 0.1
 """After the soft bound expires, its alarm repeats at this interval until the comparison has stopped: one
@@ -171,17 +170,27 @@ class Tally:
             self.examples.append(message)
 
 
-_pools: dict[tuple[int, int], pebble.ProcessPool] = {}
+_pools: dict[tuple[int, int], "pebble.ProcessPool"] = {}
 """The persistent pools, by (workers, pid): the pid because a forked child must make its own."""
 
 
-def _pool(num_workers: int, verifier: bytes) -> pebble.ProcessPool:
+def _pebble():
+    """The pebble package, imported on first use (optional: only worker pools need it), or one line naming it."""
+    try:
+        import pebble  # optional: the built-in task and num_workers=0 score in process without it
+    except ImportError:
+        raise ImportError("scoring in worker processes (datasets' verifiers, reward_workers > 0) needs the pebble "
+                          "package: pip install pebble") from None
+    return pebble
+
+
+def _pool(num_workers: int, verifier: bytes) -> "pebble.ProcessPool":
     """This process's pool of num_workers workers, started by the first reward_batch that needs it (or again if
     it broke) and kept for later calls, so start-up is paid once. Its workers import `verifier`'s module."""
     key = (num_workers, os.getpid())
     if key not in _pools or not _pools[key].active:
         # spawn, not fork: forking a trainer that runs torch threads can deadlock the child.
-        _pools[key] = pebble.ProcessPool(num_workers, initializer=_start_worker, initargs=(verifier,),
+        _pools[key] = _pebble().ProcessPool(num_workers, initializer=_start_worker, initargs=(verifier,),
                                           context=multiprocessing.get_context("spawn"))
     return _pools[key]
 
@@ -198,6 +207,7 @@ def score_in_pool(verifier: Callable, jobs: dict[int, tuple[str, str]], num_work
                   scores: list[float], tally: Tally, retry: bool = True) -> None:
     """Write verifier(*jobs[i]) into scores[i] for every i, each item bounded by timeout_s (pebble kills the
     worker and starts another); failed items keep what scores holds and are counted in tally."""
+    pebble = _pebble()
     process = multiprocessing.current_process()
     if getattr(process, "_inheriting", False):  # multiprocessing's own test for "still bootstrapping"
         # This process is a spawned child importing its parent's main script, which called reward_batch at

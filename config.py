@@ -126,6 +126,8 @@ class Config:
     """normalise advantages over the batch's tokens (our option; the paper does not state it)"""
     kl_coef: float = 0.0
     """beta of a k3 KL penalty to the initial policy, per token (ours; the paper has none; 0 = off)"""
+    critic_oracle: str | None = None
+    """a constructed reference critic, not the paper's: exact, exact+noise:SIGMA, late:D or mc:K (V* degraded)"""
     truncated_reward: str = "wrong"
     """a response cut at max_new_tokens earns: wrong (it never answered) or graded (as verl does)"""
 
@@ -148,6 +150,9 @@ class Config:
     """dataset field holding the question (default: the dataset's known mapping, else "question"/"problem")"""
     answer_field: str | None = None
     """dataset field holding the gold answer (default: the dataset's known mapping, else "answer")"""
+
+    train_steps: str | None = None
+    """the built-in task's training problems of LO-HI steps only, e.g. 21-40 (none = all); held-out ones are all"""
 
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 30
@@ -198,6 +203,8 @@ class Config:
     """bfloat16 autocast for forward and backward passes (weights and optimizer states stay float32)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, about a third more compute)"""
+    fp32_lm_head: bool = False
+    """under --bf16, the LM head in float32: sampler and trainer log-probs agree closer (docs/scaling.md)"""
     reward_workers: int | None = None
     """verifier worker processes for math datasets (default: one per CPU core); the built-in task scores in-process"""
 
@@ -226,6 +233,11 @@ class Config:
     def critic_apart(self) -> bool:
         """The critic trained on its own terms (its own mini-batches and epochs), not on the actor's mini-batches."""
         return self.critic_mini_batch_size is not None or self.critic_epochs is not None
+
+    @property
+    def train_step_range(self) -> tuple[int, int] | None:
+        """(LO, HI) of --train-steps, or None."""
+        return None if self.train_steps is None else parse_steps(self.train_steps, 40 if self.dataset == "builtin-long" else 10)
 
     @property
     def eps_high_used(self) -> float:
@@ -273,6 +285,7 @@ STREAMS: dict[str, int] = {
     "evaluation": 7919,  # held-out sampling: the same draws at every evaluation, which differ only by the weights
     "views_probe": 104729,  # the teaching views' probe samples, drawn once from the starting policy
     "critic_offset": 3,  # the lab's offset critic (bench/lab): the prompts and samples its V*_0 is fitted on
+    "oracle": 5,  # --critic-oracle: the warm-up batch it first counts, and its noise and simulated draws
     "reasoning_gym_train": 1,  # reasoning-gym's training problems: seeds from (seed + this) x data.RG_SEED_BLOCK on
 }
 
@@ -335,6 +348,38 @@ def _option(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+ORACLE_FORMS = "exact, exact+noise:SIGMA, late:D or mc:K"
+
+
+def parse_oracle(spec: str) -> tuple[str, float]:
+    """--critic-oracle SPEC -> (kind, its number): ("exact", 0), ("noise", SIGMA), ("late", D) or ("mc", K) (the
+    constructed critics of machinery/exact_values.py, OracleCritic); ValueError naming what is wrong."""
+    if spec == "exact":
+        return "exact", 0.0
+    kind, _, number = spec.partition(":")
+    forms = {"exact+noise": ("noise", float, lambda x: x > 0 and math.isfinite(x), "a finite SIGMA > 0"),
+             "late": ("late", int, lambda x: x >= 1, "a whole number of tokens D >= 1"),
+             "mc": ("mc", int, lambda x: x >= 1, "a whole number of continuations K >= 1")}
+    if kind not in forms or not number:
+        raise ValueError(f"--critic-oracle: {spec!r} is not one of {ORACLE_FORMS}")
+    name, parse, ok, what = forms[kind]
+    try:
+        value = parse(number)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"--critic-oracle {spec}: {number!r} is not {what}")
+    return name, float(value)
+
+
+def parse_steps(text: str, most: int) -> tuple[int, int]:
+    """--train-steps "LO-HI" -> (LO, HI), 1 <= LO <= HI <= most; ValueError naming what is wrong."""
+    lo, sep, hi = text.partition("-")
+    if not sep or not lo.isdigit() or not hi.isdigit() or not 1 <= int(lo) <= int(hi) <= most:
+        raise ValueError(f"--train-steps: {text!r} is not LO-HI with 1 <= LO <= HI <= {most} (the task's most steps)")
+    return int(lo), int(hi)
+
+
 def validate(cfg, algorithms: dict):
     """cfg (a config.Config), checked: ValueError naming the first option that cannot work, and why. Every float
     option must be finite (nan and inf are refused, not trained with); each check runs only after the checks it
@@ -347,6 +392,10 @@ def validate(cfg, algorithms: dict):
                 raise ValueError(f"{_option(f.name)}: must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{_option(f.name)}: must be a finite number, got {value}")
+    if cfg.critic_oracle is not None:
+        parse_oracle(cfg.critic_oracle)  # a malformed value: its own message, naming what is wrong
+    if cfg.train_steps is not None:
+        parse_steps(cfg.train_steps, 40 if cfg.dataset == "builtin-long" else 10)
     c = cfg
     checks = [  # (condition as a function, option, reason): evaluated in order, so later ones may divide
         (lambda: c.steps >= 0, "steps", "must be >= 0"),
@@ -391,6 +440,13 @@ def validate(cfg, algorithms: dict):
         (lambda: c.kl_coef >= 0, "kl_coef", "must be >= 0 (0 = no KL term)"),
         (lambda: c.algo in algorithms, "algo", f"must be one of {', '.join(algorithms)}"),
         (lambda: c.dynamic_sampling_rounds >= 0, "dynamic_sampling_rounds", "must be >= 0"),
+        (lambda: c.critic_oracle is None or c.builtin, "critic_oracle",
+         f"is built on the built-in task's exact values: --dataset builtin or builtin-long, got {c.dataset}"),
+        (lambda: c.critic_oracle is None or not c.group_advantage, "critic_oracle",
+         "is a critic, and the group's advantage needs none: use --algo vapo or ppo, without --group-advantage"),
+        (lambda: c.critic_oracle is None or not c.dynamic_sampling, "critic_oracle",
+         "cannot fit V* on dynamic sampling's batches (they keep only groups of varied rewards: not the policy's)"),
+        (lambda: c.train_steps is None or c.builtin, "train_steps", f"is for the built-in task; got --dataset {c.dataset}"),
         (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
          "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
         (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac", "must be in [0, 1] (a share of max_new_tokens)"),
@@ -423,6 +479,7 @@ def validate(cfg, algorithms: dict):
          f"distribution, not the policy's that PPO's ratio divides by): use recompute or auto"),
         (lambda: c.reward_workers is None or c.reward_workers >= 0, "reward_workers",
          "must be >= 0 (0 = score in this process) or none (one per CPU core)"),
+        (lambda: not c.fp32_lm_head or c.bf16, "fp32_lm_head", "acts under --bf16 (without it every pass is float32)"),
     ]
     for ok, name, why in checks:
         if not ok():

@@ -19,10 +19,12 @@ take it; the reward sits on it. A response cut at max_new_tokens has no EOS and 
 Group sampling (paper technique 7): the G = n samples of prompt i are rows b = i * G + g, g = 0..G-1, and
 `prompt_index[b] = i`.
 
-The sampling loop (sample, sample_next; PreallocatedLayer, its KV cache) is ours rather than `model.generate`, and
-shares position_ids and entropy_of with the scoring functions, so that sampling and scoring count positions and
-entropy the same way. The scoring functions take any Rollout, whichever engine sampled it (engines.py);
-rollout_from_tokens builds one from token lists (a vLLM engine's output, a recorded response).
+The sampling loop (sample, sample_next) is ours rather than `model.generate`, and shares position_ids and entropy_of
+with the scoring functions, so that sampling and scoring count positions and entropy the same way. On a GPU it
+takes a fast path that keeps its numbers (machinery/decoding.py: a KV cache allocated once; the HF engine switches
+the policy's decode attention to one that does not copy the cache to every query head). The scoring functions take
+any Rollout, whichever engine sampled it (engines.py); rollout_from_tokens builds one from token lists (a vLLM
+engine's output, a recorded response).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from machinery.decoding import on_fast_path, preallocated_cache  # the sampler's GPU fast path
 
 
 @dataclass
@@ -152,82 +155,6 @@ def _output_cache(out):
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
-class PreallocatedLayer(DynamicLayer):
-    """One layer's KV cache, allocated once for the whole generation and filled in place.
-
-    transformers' DynamicLayer grows by torch.cat: decoding token t copies the t tokens already cached, so a
-    response of T tokens copies O(T^2) and reallocates every step. This layer allocates [B, H, capacity, D] at the
-    prefill (capacity = prompt + max_new_tokens, the most the sampler can write), writes token t into column t and
-    hands attention the filled view [B, H, :t+1, D]: O(T) writes, one allocation, and the sampler's memory is at its
-    peak from the first step (an out-of-memory shows at once, not after the longest response). Rows leaving the batch
-    (compaction) copy only the filled columns.
-
-    dtype: what the cache stores. Under bf16 autocast with float32 weights, rotary embeddings hand K over in float32
-    and transformers' DynamicLayer keeps it so (V too in transformers 5.17 and 5.19: 24 KB a token at
-    Qwen2.5-0.5B; V in bf16 in 5.24: 18 KB); attention casts both to bf16 at every step anyway, so storing bf16
-    holds the same numbers in half the memory (12 KB), whatever the release. None: the dtype of the first keys.
-    """
-
-    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
-        super().__init__()
-        self.capacity, self.store_dtype = capacity, dtype
-        self.key_buffer = self.value_buffer = None  # [B, H, capacity, D]
-
-    def lazy_initialization(self, key_states, value_states):
-        self.dtype, self.device = self.store_dtype or key_states.dtype, key_states.device
-        B, H, _, D = key_states.shape
-        self.key_buffer = key_states.new_empty((B, H, self.capacity, D), dtype=self.dtype)
-        self.value_buffer = value_states.new_empty((B, H, self.capacity, value_states.shape[-1]), dtype=self.dtype)
-        self._view(0)
-        self.is_initialized = True
-
-    def _view(self, length: int):
-        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = self.keys.shape[-2]  # = get_seq_length(); crop() shortens the view and so the length
-        end = start + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"PreallocatedLayer: {end} tokens do not fit a cache of {self.capacity}")
-        self.key_buffer[:, :, start:end] = key_states
-        self.value_buffer[:, :, start:end] = value_states
-        self._view(end)
-        return self.keys, self.values
-
-    def _rebuild(self, filled_keys, filled_values):  # new buffers holding these filled columns
-        length = filled_keys.shape[-2]
-        self.key_buffer = filled_keys.new_empty(filled_keys.shape[:2] + (self.capacity, filled_keys.shape[-1]))
-        self.value_buffer = filled_values.new_empty(filled_values.shape[:2] + (self.capacity, filled_values.shape[-1]))
-        self.key_buffer[:, :, :length], self.value_buffer[:, :, :length] = filled_keys, filled_values
-        self._view(length)
-
-    def batch_repeat_interleave(self, repeats: int):
-        if self.is_initialized:
-            self._rebuild(self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0))
-
-    def batch_select_indices(self, indices):
-        if self.is_initialized:
-            self._rebuild(self.keys[indices], self.values[indices])
-
-    def reorder_cache(self, beam_idx):
-        self.batch_select_indices(beam_idx.to(self.device))
-
-    def reset(self):
-        self.key_buffer = self.value_buffer = None
-        super().reset()
-
-
-def preallocated_cache(model, capacity: int, dtype: torch.dtype | None = None) -> Cache | None:
-    """A cache of PreallocatedLayer for `model`, or None where its layers are not all plain full attention
-    (sliding windows, linear attention: the sampler then lets the model make its own cache)."""
-    dynamic = DynamicCache(config=model.config)
-    if not dynamic.layers or any(type(layer) is not DynamicLayer for layer in dynamic.layers):
-        return None
-    return Cache(layers=[PreallocatedLayer(capacity, dtype) for _ in dynamic.layers])
-
-
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
     """One sampling step. logits [B, V] float32 -> (token [B] long, log-prob of that token [B] float32,
     entropy [B] float32).
@@ -259,7 +186,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
 
 @torch.no_grad()
 def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
-           eos_ids: list[int], pad_id: int, generator=None, n: int = 1, preallocate: bool = True):
+           eos_ids: list[int], pad_id: int, generator=None, n: int = 1, preallocate: bool | None = None):
     """Autoregressive sampling with a KV cache, one token per step for every unfinished row, until every row has
     produced an EOS or max_new_tokens steps have run. A row that is done gets pad tokens with log-prob 0.
 
@@ -273,11 +200,13 @@ def sample(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: flo
     Finished rows leave the batch (and the KV cache) once they are at least COMPACT_FRACTION of it, so a batch
     of ragged lengths does not pay for its longest response on every row (docs/results.md, "The sampler"). One host sync
     per generated token (the count of finished rows), which a GPU otherwise waits on several times a step.
-    preallocate: the KV cache is a PreallocatedLayer per layer, allocated once for prompt + max_new_tokens and
-    filled in place, in the autocast dtype when autocast is on (False: transformers' own cache, which grows by
-    concatenation; docs/results.md, "The sampler", compares the two). The attention mask is preallocated the same way.
+    preallocate: the KV cache is a decoding.PreallocatedLayer per layer, allocated once for prompt + max_new_tokens
+    and filled in place, in the autocast dtype when autocast is on (False: transformers' own cache, which grows by
+    concatenation; docs/results.md, "The sampler", compares the two; None: preallocated on a GPU, where it pays).
+    The attention mask is preallocated in either case.
     """
     device = prompt_ids.device
+    preallocate = on_fast_path(device) if preallocate is None else preallocate
     eos = torch.tensor(eos_ids, device=device)
     P = prompt_ids.shape[1]
     positions = position_ids(prompt_mask)  # [N, P]

@@ -475,7 +475,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
         t0 = time.perf_counter()
         prompts = world.shard(prompt_batch(rows, step, cfg.prompts_per_rollout,
                                            config.stream(cfg.seed, "pretrain_prompts")))
-        rollout, verdicts, _ = sample_round(engine, prompts, cfg, verifier)
+        rollout, verdicts, timing = sample_round(engine, prompts, cfg, verifier)  # timing: time/rollout, time/reward
         mask = rollout.response_mask
         with engine.idle(weights_change=False):  # a vLLM engine frees the GPU for the critic's update
             with autocast(cfg, mask.device):
@@ -489,8 +489,9 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                                 values, returns)
                 for o in observers:
                     o.observe(seen)
-            stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
-                           train_policy=False)
+            with timed(timing, "update", mask.device):
+                stats = update(policy, critic, optimizers, rollout, {"values": values, "returns": returns}, cfg,
+                               train_policy=False)
         progress["recent"] = recent = (progress["recent"] + [ev])[-3:]
         progress["error"] = error
         progress["step"] = step + 1
@@ -502,7 +503,7 @@ def pretrain_value(policy, critic, optimizers, engine, rows, cfg: Config, verifi
                                                    if k in stats},
               "explained_variance": ev, "value_error": error, "skipped_nonfinite": stats["skipped_nonfinite"],
               "train_acc": world.mean(verdicts > 0), "response_len": world.mean(rollout.lengths),
-              "time/step": time.perf_counter() - t0, **gate})
+              "time/step": time.perf_counter() - t0, **timing, **gate})
         if reached:
             log.info("value pretraining reached explained variance %.3f after %d steps", sum(recent) / 3, step + 1)
             return True
@@ -542,7 +543,7 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         mine = world.shard(mine)  # each process evaluates its share; the figures are over all of them
         if not mine:  # more processes than held-out prompts: this one has none, and adds nothing to the sums
             out[f"eval/acc_{name}"] = world.mean(torch.zeros(0))
-            out[f"eval/acc_{name}_se"] = standard_error(torch.zeros(0), prompts)
+            out[f"eval/acc_{name}_se"] = world.standard_error(torch.zeros(0), prompts)
             if n > 1:
                 out[f"eval/pass@{n}"] = world.mean(torch.zeros(0))
             out[f"eval/response_len_{name}"] = world.mean(torch.zeros(0))

@@ -1,5 +1,6 @@
-"""Two runs' metrics.jsonl, compared record by record: every logged value except the timings (time/*) must be
-identical, NaN equal to NaN. The check that a change which should not change behaviour (a refactor) did not:
+"""Two runs' metrics.jsonl, compared record by record: every logged value except the measurements of the machine
+(time/*, and memory/* on a GPU) must be identical, NaN equal to NaN. The check that a change which should not
+change behaviour (a refactor) did not:
 
     python vapo.py --seed 0 --output-dir /tmp/before      # on the commit before the change
     python vapo.py --seed 0 --output-dir /tmp/after       # on the change, same machine and thread count
@@ -22,7 +23,7 @@ def differences(a: list[dict], b: list[dict]) -> tuple[int, list[str]]:
     if len(a) != len(b):
         out.append(f"{len(a)} records against {len(b)}")
     for i, (x, y) in enumerate(zip(a, b)):
-        kx, ky = ({k for k in r if not k.startswith("time/")} for r in (x, y))
+        kx, ky = ({k for k in r if not k.startswith(("time/", "memory/"))} for r in (x, y))
         if kx != ky:
             out.append(f"record {i + 1}: keys only on one side: {sorted(kx ^ ky)}")
         for k in sorted(kx & ky):
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     a, b = ([json.loads(line) for line in open(p) if line.strip()] for p in (args.before, args.after))
     compared, diffs = differences(a, b)
     print("\n".join(diffs[:50]))
-    print(f"{len(a)} records, {compared} values compared (timings excluded), {len(diffs)} differences")
+    print(f"{len(a)} records, {compared} values compared (timings and memory excluded), {len(diffs)} differences")
     return 1 if diffs else 0
 
 

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+import time
 
 import torch
 from safetensors import safe_open
@@ -80,8 +81,12 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
     Sharded (scale/): the policy and critic folders hold the full weights, gathered and written by the main process
     (stock transformers and vLLM load them); the optimizers' shards are written by every process under
     optimizer/ (torch.distributed.checkpoint), and each process's RNG state under rng/.
+
+    Returns what the save cost, for the run's log: {"step", "bytes" (the checkpoint folder's files, every process's;
+    0 outside the main process), "write_s", "verify_s" (the read-back), "swap_s" (fsync and renames), "seconds"}.
     """
     layout = run.layout
+    t0 = time.perf_counter()
     final, tmp, prev = (os.path.join(run.dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.prev"))
     if world.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -102,10 +107,16 @@ def save_checkpoint(run: "Run", step: int, policy, critic, tokenizer, optimizers
         torch.save(state, os.path.join(tmp, "state.pt"))
     fault_point("checkpoint:state-written")
     world.barrier()
+    t_written = t_verified = time.perf_counter()
     if world.is_main():
         read_checkpoint(tmp, critic is not None)  # raises if anything written cannot be read back
+        t_verified = time.perf_counter()
         replace_atomically(tmp, final, previous=prev, between=lambda: fault_point("checkpoint:between-renames"))
     world.barrier()
+    t_end = time.perf_counter()
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(final) for f in fs) if world.is_main() else 0
+    return {"step": step, "bytes": size, "write_s": t_written - t0, "verify_s": t_verified - t_written,
+            "swap_s": t_end - t_verified, "seconds": t_end - t0}
 
 
 def rng_state() -> dict:
@@ -144,7 +155,10 @@ def read_checkpoint(path: str, with_critic: bool) -> dict:
     """A checkpoint folder, checked: {"policy": its weights' folder, "critic": the critic's or None, "state": the
     state.pt dict}. Every safetensors file is opened (its header read and its size checked against it: a truncated
     file fails here), but its tensors are left on disk for the layout's load_weights, which reads each process's own
-    rows only. Raises CheckpointError naming the missing or unreadable file."""
+    rows only. state.pt is read memory-mapped (its archive's records checked; its tensors, AdamW's moments, about
+    8 GB at 0.5B, stay in the file until something reads them: the verification after a save copies nothing into
+    memory, and a resume moves each tensor to its device from the mapped file). Raises CheckpointError naming the
+    missing or unreadable file."""
     def weights(name):
         folder = os.path.join(path, name)
         files = safetensors_files(folder)
@@ -161,7 +175,7 @@ def read_checkpoint(path: str, with_critic: bool) -> dict:
     out = {"policy": weights("policy"), "critic": weights("critic") if with_critic else None}
     state_path = os.path.join(path, "state.pt")
     try:
-        out["state"] = torch.load(state_path, map_location="cpu", weights_only=True)  # tensors and plain data only
+        out["state"] = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)  # tensors, plain data
     except Exception as err:  # noqa: BLE001 - a truncated zip, a missing file, a pickle error
         raise CheckpointError(f"{state_path}: unreadable ({type(err).__name__}: {err})") from err
     if not isinstance(out["state"], dict) or not {"step", "optimizers", "rng"} <= out["state"].keys():

@@ -381,7 +381,8 @@ def load_data(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         held_out = task.make_dataset(cfg.eval_prompts, 0, *steps, split="eval")
         if chains is task.LONG:  # evaluation also reports accuracy by band of step counts (1-10, 11-20, ...)
             held_out = [{**r, "band": task.band_of(r["n_steps"])} for r in held_out]
-        return task.make_dataset(20000, stream(cfg.seed, "builtin_rows"), *steps, split="train"), held_out
+        train_steps = cfg.train_step_range or steps  # --train-steps LO-HI: training problems of those steps only
+        return task.make_dataset(20000, stream(cfg.seed, "builtin_rows"), *train_steps, split="train"), held_out
     if is_reasoning_gym(cfg.dataset) or is_reasoning_gym(cfg.eval_dataset):
         if not is_reasoning_gym(cfg.dataset):
             raise SystemExit(f"vapo: --eval-dataset {cfg.eval_dataset}: a reasoning-gym generator scores only its own "

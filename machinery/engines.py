@@ -18,7 +18,8 @@ import torch
 from config import stream
 from rollout import Rollout, sample
 from machinery import world
-from machinery.models import load_policy
+from machinery.decoding import on_fast_path, use_grouped_attention
+from machinery.models import float32_head, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,19 @@ class HFEngine:
     weights: None, the model is the training policy itself; else the model is the engine's own copy (a sharded
     run: the policy is split over processes and cannot sample alone), and weights() gives the policy's (name, full
     tensor) pairs, which idle() writes into it after every update, as into a vLLM engine.
+    grouped_decode: the model's decode steps attend with decoding.grouped_attention, which reads the cached KV heads
+    without copying them to every query head (the model's other passes are unchanged: they take transformers' own
+    SDPA path, bit for bit); None: on a GPU (decoding.on_fast_path). It equals transformers' SDPA to rounding, not
+    bit for bit, so a CPU run keeps its numbers by default.
     """
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
-                 batch_size: int | None = None, weights=None):
+                 batch_size: int | None = None, weights=None, grouped_decode: bool | None = None):
         self.model = model
+        if on_fast_path(self.device) if grouped_decode is None else grouped_decode:
+            self.grouped_decode = use_grouped_attention(model)  # False for a model on another attention
+        else:
+            self.grouped_decode = False
         self.weights = weights
         self.own_weights = weights is not None
         self.tokenizer = tokenizer
@@ -165,5 +174,7 @@ def make_engine(cfg, policy, tokenizer, layout, critic=None):
                          f"process ({params / 1e9:.1f}B parameters, {4 * params / 1e9:.0f} GB each); above "
                          f"{HF_ENGINE_MAX_PARAMS / 1e9:g}B use --engine vllm")
     copy_of_policy, _ = load_policy(policy.name_or_path, dtype=torch.float32, device=policy.device)
+    if cfg.fp32_lm_head:
+        float32_head(copy_of_policy)
     return HFEngine(copy_of_policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                     top_p=cfg.top_p, weights=lambda: layout.named_full_tensors(policy))

@@ -2,17 +2,26 @@
 on it.
 
     ExactValues     V* of a sampling policy, from its measured per-character success rates (task.py's chains)
-    ExactReference  an observer (run.Hooks): V* of the current policy, refitted from the last batches, and each RL
-                    step's critic measured against it and against a step-count floor (ev_exact, ev_floor, ...)
+    ExactReference  an observer (run.Hooks): V* of the current policy, refitted from the last batches; the critic
+                    judge (ev_exact, ev_floor, ...) and the credit meter (credit/...) of each RL step
+    OracleCritic    --critic-oracle: constructed critics of known quality built on V* (exact, noisy, late, MC)
 
 Datasets have no exact values: these work on the built-in tasks only (run.Hooks.with_builtin decides when).
 """
 from __future__ import annotations
 
+import random
+import zlib
+
 import torch
 
-from losses import explained_variance
-from machinery.task import ANSWER_PREFIX, _apply, is_borrow_step, parse_expr, problem_of, solve
+from config import parse_oracle, stream
+from gae import gae, terminal_rewards
+from losses import explained_variance, masked_mean
+from rollout import score_rollout
+from machinery.data import gold_of, prompt_batch
+from machinery.models import autocast
+from machinery.task import ANSWER_PREFIX, _apply, first_error, is_borrow_step, parse_expr, problem_of, solve
 
 LINE_CHARS = 10  # a step line "NN a-7=NN" and its newline: the correct chain's line j covers characters 10j..10j+9
 
@@ -51,7 +60,8 @@ class ExactValues:
         def add(key, right):
             tries, hits = counts.get(key, (0, 0))
             counts[key] = (tries + 1, hits + right)
-        for text, problem, reward in zip(texts, problems, [float(r) for r in rewards]):
+        rewards = rewards.tolist() if torch.is_tensor(rewards) else [float(r) for r in rewards]  # one host copy
+        for text, problem, reward in zip(texts, problems, rewards):
             tries, hits = counts.get(("floor", problem["n_steps"]), (0, 0.0))
             counts[("floor", problem["n_steps"])] = (tries + 1, hits + reward)
             add(("start",), text.startswith(ANSWER_PREFIX))
@@ -108,19 +118,28 @@ class ExactValues:
         return chain, keys
 
     # --- the values ------------------------------------------------------------------------------------------
+    def _tail(self, chain: str, keys: list[tuple], total: dict) -> list[float]:
+        """[len(chain) + 1] P(right | the first i characters right, then the chain and its EOS)."""
+        tail = [1.0] * (len(chain) + 1)
+        tail[len(chain)] = self.rate(("eos",), total)
+        for j in range(len(chain) - 1, -1, -1):
+            tail[j] = self.rate(keys[j], total) * tail[j + 1]
+        return tail
+
+    def _guess(self, total: dict) -> tuple[float, float]:
+        """(P(guess at once), P(right | guess))."""
+        share = self.rate(("start",), total) if total.get(("start",), (0, 0))[0] >= 20 else 0.0
+        tries, hits = total.get(("guess",), (0, 0))
+        return share, hits / tries if tries else 0.0
+
     def char_values(self, text: str, problem: dict, total: dict | None = None) -> list[float]:
         """[len(text) + 1] V* of the state before each character of text and before its EOS (the last entry)."""
         total = self._total() if total is None else total
         chain, keys = self._chain(problem)
-        tail = [1.0] * (len(chain) + 1)  # tail[i] = P(right | first i characters right), EOS included
-        tail[len(chain)] = self.rate(("eos",), total)
-        for j in range(len(chain) - 1, -1, -1):
-            tail[j] = self.rate(keys[j], total) * tail[j + 1]
-        guess_share = self.rate(("start",), total) if total.get(("start",), (0, 0))[0] >= 20 else 0.0
-        guess_right = total.get(("guess",), (0, 0))
-        guess_right = guess_right[1] / guess_right[0] if guess_right[0] else 0.0
+        tail = self._tail(chain, keys, total)  # tail[i] = P(right | first i characters right), EOS included
+        guess_share, guess_right = self._guess(total)
         out = [2 * (guess_share * guess_right + (1 - guess_share) * tail[0]) - 1]
-        if text.startswith(ANSWER_PREFIX[0]) and not chain.startswith(ANSWER_PREFIX[0]):  # a guess
+        if is_guess(text, chain):
             gold = f"{ANSWER_PREFIX}{problem['answer']}"
             for i in range(1, len(text) + 1):
                 on = text[:i] == gold[:i]
@@ -131,19 +150,34 @@ class ExactValues:
             out.append(2 * tail[i] - 1 if i <= k else -1.0)
         return out
 
-    def values(self, rollout, problems: list[dict], tokenizer) -> torch.Tensor:
+    def late_char_values(self, text: str, problem: dict, delay: int, total: dict | None = None) -> list[float]:
+        """char_values of a critic that learns of an error `delay` characters after it: before character i it knows
+        the first i - delay characters and takes the rest for the correct chain's (V* of the state where they are),
+        so a departure at character e is seen from e + delay on (-1 there, as V*'s). A guess is valued as V* does."""
+        total = self._total() if total is None else total
+        chain, keys = self._chain(problem)
+        exact = self.char_values(text, problem, total)
+        if is_guess(text, chain):
+            return exact
+        tail, k = self._tail(chain, keys, total), _common_prefix(text, chain)
+        out = exact[:1]
+        for i in range(1, len(text) + 1):
+            out.append(2 * tail[min(i, len(chain))] - 1 if i - delay <= k else -1.0)
+        return out
+
+    def values(self, rollout, problems: list[dict], tokenizer, chars=None) -> torch.Tensor:
         """[B, T] V*(s_t) of every response token of rollout (problems[b]: row b's problem), 0 under the mask: the
-        state before token t is the text of the tokens before it."""
-        total = self._total()
+        state before token t is the text of the tokens before it. chars(text, problem, total): another per-character
+        value (late_char_values, ...) in place of char_values."""
+        total, chars = self._total(), chars or self.char_values
         out = torch.zeros(rollout.response_mask.shape)
         ids, lengths = rollout.response_ids.tolist(), rollout.lengths.tolist()  # one copy to the host, not one a token
         for b in range(rollout.B):
             pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in ids[b][:lengths[b]]]
-            text = "".join(pieces)
-            chars = self.char_values(text, problems[b], total)
+            values = chars("".join(pieces), problems[b], total)
             at = 0
             for t, piece in enumerate(pieces):
-                out[b, t] = chars[at]
+                out[b, t] = values[at]
                 at += len(piece)
         return out.to(rollout.response_mask.device)
 
@@ -176,13 +210,16 @@ class ExactValues:
 
 
 class ExactReference:
-    """An observer (run.Hooks) of a run on the built-in task with a learned critic: V* of the current policy
-    (`exact`, an ExactValues over the last `window` observed batches, so never fitted on the batch it judges; value
-    pretraining's batches count), the reference the teaching views draw beside V, and each RL step's critic against it:
+    """An observer (run.Hooks) of every run on the built-in task in one process: V* of the current policy (`exact`, an
+    ExactValues over the last `window` observed batches, so never fitted on the batch it judges; value pretraining's
+    batches count), the reference the teaching views draw beside V and the oracle critics read; and two instruments:
 
+    the critic judge, each RL step's critic against V* and a step-count floor (with a critic):
         ev_floor        explained variance of the return by the step-count floor (a lookup of the prompt's steps)
         ev_exact        by V*, the exact values of the current policy (what no critic beats in expectation)
         ev_critic_exact 1 - Var(V* - V) / Var(V*): the share of V*'s variance the critic explains
+    the credit meter, each RL step's advantages against V*'s exact ones, critic or not (credit_figures: credit/...),
+    and the step's KL from the policy that sampled it (credit/step_kl, after the update).
 
     Nothing is returned before a batch has been counted, nor during value pretraining. Its state (the counts of the
     window) goes into the run's checkpoints."""
@@ -193,20 +230,203 @@ class ExactReference:
     def observe(self, batch) -> dict:
         """batch: run.Observed -> the figures above (RL steps), then the batch counted."""
         rollout, mask, out = batch.rollout, batch.rollout.response_mask, {}
-        if batch.stage == "rl" and self.exact.batches and batch.values is not None:
+        if batch.stage == "rl" and self.exact.batches:
             star = self.exact.values(rollout, batch.problems, self.tokenizer)  # [B, T]
-            out = {"ev_floor": explained_variance(self.exact.floor_values(rollout, batch.problems), batch.returns,
-                                                  mask),
-                   "ev_exact": explained_variance(star, batch.returns, mask),
-                   "ev_critic_exact": explained_variance(batch.values, star, mask)}
+            if batch.values is not None:
+                floor = self.exact.floor_values(rollout, batch.problems)
+                out = {"ev_floor": explained_variance(floor, batch.returns, mask),
+                       "ev_exact": explained_variance(star, batch.returns, mask),
+                       "ev_critic_exact": explained_variance(batch.values, star, mask)}
+            out |= credit_figures(batch, star, first_error_tokens(rollout, batch.problems, self.tokenizer))
         self.exact.observe(rollout.texts, batch.problems, batch.rewards)
         return out
+
+    def updated(self, batch) -> dict:
+        """After the update: credit/step_kl, the k3 estimate of KL(pi_old || pi_new) over the batch's tokens."""
+        if batch.stage != "rl" or batch.old_logprobs is None:
+            return {}
+        cfg, rollout = batch.cfg, batch.rollout
+        with autocast(cfg, rollout.response_mask.device):
+            new = score_rollout(batch.policy, None, rollout, cfg.micro_batch_size, cfg.temperature)["old_logprobs"]
+        log_ratio = (new - batch.old_logprobs).clamp(-20, 20)
+        return {"credit/step_kl": masked_mean(log_ratio.exp() - 1 - log_ratio, rollout.response_mask).item()}
 
     def state_dict(self) -> dict:
         return {"batches": self.exact.batches}
 
     def load_state_dict(self, state: dict):
         self.exact.batches = state["batches"]
+
+
+# --- the credit meter ---------------------------------------------------------------------------------------------
+LENGTH_BANDS = ((1, 50), (50, 100), (100, 200), (200, 300), (300, 1 << 30))  # response length in tokens, [lo, hi)
+
+
+def band_name(lo: int, hi: int) -> str:
+    return f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi - 1}"
+
+
+def exact_advantages(star: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0):
+    """[B, T] V*'s own advantage of each sampled token, A*_t = r_t + gamma V*(s_{t+1}) - V*(s_t) (GAE at lambda 0 on
+    V*): with deterministic transitions, Q*(s_t, a_t) - V*(s_t) exactly, the credit a perfect critic gives."""
+    return gae(terminal_rewards(rewards, mask), star, mask, gamma=gamma, lam=0.0)[0]
+
+
+def effective_advantages(batch) -> torch.Tensor:
+    """[B, T] the weight of each token's grad log pi in the policy loss: the advantage the loss uses (with
+    --policy-gradient), plus the positive NLL's weight mu N / N+ on correct samples' tokens (with --positive-nll;
+    the batch's token counts, where the update uses each mini-batch's)."""
+    cfg, mask = batch.cfg, batch.rollout.response_mask.float()
+    out = batch.advantages * mask if cfg.policy_gradient else torch.zeros_like(mask)
+    positive = (batch.verdicts > 0).float()[:, None] * mask  # [B, T]
+    if cfg.positive_nll and positive.sum() > 0:
+        out = out + cfg.mu * mask.sum() / positive.sum() * positive
+    return out
+
+
+def weighted_corr(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
+    """Pearson's correlation of x and y weighted by w (all [B, T]; w 0 where nothing counts); NaN where either has
+    no variance (GRPO's advantages in a batch of equal rewards, say)."""
+    w = w.double()
+    total = w.sum()
+    if total <= 0:
+        return float("nan")
+    mx, my = (w * x).sum() / total, (w * y).sum() / total
+    cov = (w * (x - mx) * (y - my)).sum()
+    vx, vy = (w * (x - mx) ** 2).sum(), (w * (y - my) ** 2).sum()
+    return float(cov / (vx * vy).sqrt()) if vx > 0 and vy > 0 else float("nan")
+
+
+def credit_figures(batch, star: torch.Tensor, first_errors: list[tuple[int, int]]) -> dict:
+    """The credit meter of one RL batch (run.Observed), against V*'s exact advantages A* (exact_advantages of star,
+    [B, T]); not explained variance, which a critic that sees an error late can score high with credit of the wrong
+    sign. first_errors: (row, token) of each wrong response's first wrong token (first_error_tokens).
+
+        credit/corr             corr(A_eff, A*), each token weighted by its gradient's size, 1 - pi_old(token):
+                                A_eff the effective advantage (effective_advantages: PG advantage + NLL weight)
+        credit/corr_pg          the same for the policy gradient's advantage alone (with both terms)
+        credit/first_error      mean A_eff on first wrong tokens / the std of A_eff over all tokens (negative: the
+                                error is blamed; positive: it is rewarded); credit/first_error_exact: A*'s
+        credit/fail_share       the share of sum |A_eff| on samples of all-fail groups (where GRPO has none)
+        credit/corr|LO-HI       credit/corr on the responses of each length band (LENGTH_BANDS, tokens)"""
+    cfg, rollout = batch.cfg, batch.rollout
+    mask = rollout.response_mask.float()
+    exact = exact_advantages(star, batch.rewards, mask, cfg.gamma)  # [B, T]
+    effective = effective_advantages(batch)  # [B, T]
+    weight = (1 - batch.old_logprobs.exp()).clamp(min=0) * mask  # [B, T]
+    out = {"credit/corr": weighted_corr(effective, exact, weight)}
+    if cfg.policy_gradient and cfg.positive_nll:
+        out["credit/corr_pg"] = weighted_corr(batch.advantages * mask, exact, weight)
+    real = mask.bool()
+    rows, cols = (torch.tensor([b for b, _ in first_errors], dtype=torch.long),
+                  torch.tensor([t for _, t in first_errors], dtype=torch.long))
+    for name, x in (("credit/first_error", effective), ("credit/first_error_exact", exact)):
+        at = x[rows.to(x.device), cols.to(x.device)].cpu()  # [errors], one gather
+        sd = x[real].std() if real.sum() > 1 else torch.tensor(0.0)
+        out[name] = float(at.mean() / sd) if len(at) and sd > 0 else float("nan")
+    G = cfg.group_size
+    fails = (batch.verdicts.view(-1, G) <= 0).all(1).repeat_interleave(G) if G > 1 else batch.verdicts <= 0  # [B]
+    size = (effective.abs() * mask).sum(1)  # [B]
+    out["credit/fail_share"] = float(size[fails].sum() / size.sum()) if size.sum() > 0 else float("nan")
+    for lo, hi in LENGTH_BANDS:
+        rows = ((rollout.lengths >= lo) & (rollout.lengths < hi)).float()[:, None]  # [B, 1]
+        if (rows * mask).sum() > 0:
+            out[f"credit/corr|{band_name(lo, hi)}"] = weighted_corr(effective, exact, weight * rows)
+    return out
+
+
+def first_error_tokens(rollout, problems: list[dict], tokenizer) -> list[tuple[int, int]]:
+    """(row, token) of the token at which each wrong response of rollout first departs from its problem's correct
+    chain (task.first_error), from the response's own tokens."""
+    out = []
+    ids, lengths = rollout.response_ids.tolist(), rollout.lengths.tolist()
+    for b in range(rollout.B):
+        pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in ids[b][:lengths[b]]]
+        char = first_error("".join(pieces), problems[b])
+        if char is None or not pieces:
+            continue
+        ends, t = 0, len(pieces) - 1
+        for k, piece in enumerate(pieces):
+            ends += len(piece)
+            if ends > char:
+                t = k
+                break
+        out.append((b, t))
+    return out
+
+
+# --- the oracle critics -------------------------------------------------------------------------------------------
+class OracleCritic(torch.nn.Module):
+    """--critic-oracle SPEC: a constructed reference critic of known quality, not a technique of the paper. It reads
+    the rollout's prompt and response tokens as a value network would, and gives V* of the current sampling policy
+    (`exact`, the ExactReference observer's window of the last batches, never the batch it scores) degraded a known
+    way; it has no weights, so it is neither value-pretrained nor trained:
+
+        exact           V*(s_t)
+        exact+noise:S   V*(s_t) + S * N(0, 1), independent across tokens, the same for a response scored again
+        late:D          V* of a critic that learns of an error D tokens after it (ExactValues.late_char_values)
+        mc:K            Monte-Carlo estimates of V* from K simulated continuations (draws of right / wrong from V*'s
+                        own success probability) at each line start and at the end of the text, interpolated between
+                        them, so that at lambda 0 each token of a line gets the line's advantage divided by its
+                        length (10 tokens a line here): VinePPO's per-step advantage (arXiv 2410.01679), its noise K's
+
+    seed: the run's (--seed): the noise and the draws are a fixed function of the seed and the tokens."""
+
+    def __init__(self, spec: str, exact: ExactValues, tokenizer, seed: int):
+        super().__init__()
+        self.spec, (self.kind, self.number) = spec, parse_oracle(spec)
+        self.exact, self.tokenizer, self.seed = exact, tokenizer, seed
+
+    def values_of(self, rollout) -> torch.Tensor:
+        """[B, T] the oracle's V(s_t) of the rollout's response tokens, 0 under the mask."""
+        problems = problems_of(rollout, self.tokenizer)
+        if self.kind == "late":
+            return self.exact.values(rollout, problems, self.tokenizer, chars=lambda text, problem, total:
+                                     self.exact.late_char_values(text, problem, int(self.number), total))
+        if self.kind == "mc":
+            return self.exact.values(rollout, problems, self.tokenizer, chars=self._mc_chars)
+        star = self.exact.values(rollout, problems, self.tokenizer)  # [B, T]
+        if self.kind == "noise":
+            noise = torch.stack([torch.randn(rollout.T, generator=torch.Generator().manual_seed(self._row_seed(
+                rollout, b))) for b in range(rollout.B)]) if rollout.B else star
+            star = (star + self.number * noise.to(star.device)) * rollout.response_mask
+        return star
+
+    def _row_seed(self, rollout, b: int) -> int:
+        n, p = int(rollout.lengths[b]), rollout.prompt_ids[b][rollout.prompt_mask[b].bool()]
+        return zlib.crc32(bytes(str((p.tolist(), rollout.response_ids[b, :n].tolist())), "ascii")) ^ self.seed
+
+    def _mc_chars(self, text: str, problem: dict, total: dict) -> list[float]:
+        exact = self.exact.char_values(text, problem, total)  # [len(text) + 1]
+        rng = random.Random(zlib.crc32(bytes(problem["prompt"] + text, "utf-8")) ^ self.seed)
+        starts = sorted({0, len(text)} | {i + 1 for i, ch in enumerate(text[:-1]) if ch == "\n"})
+        K = int(self.number)
+        estimate = {i: 2 * sum(rng.random() < (exact[i] + 1) / 2 for _ in range(K)) / K - 1 for i in starts}
+        out = []
+        for a, b in zip(starts, starts[1:] + [len(text) + 1]):
+            for i in range(a, b):
+                out.append(estimate[a] if b > len(text) else estimate[a] + (i - a) / (b - a) * (estimate[b] - estimate[a]))
+        return out
+
+
+def oracle_critic(spec: str, reference: ExactReference, setup) -> OracleCritic:
+    """The Hooks.critic of --critic-oracle: an OracleCritic reading reference's window, that window first counting one
+    batch of the initial policy (cfg.batch_size responses to prompts of value pretraining's stream, as value
+    pretraining's rollouts would; a resumed run counts it again, then its checkpoint restores the window)."""
+    cfg, engine = setup.cfg, setup.engine
+    prompts = prompt_batch(setup.rows, 0, cfg.batch_size, stream(cfg.seed, "pretrain_prompts"))
+    with autocast(cfg, engine.device):
+        rollout = engine.generate([r["prompt"] for r in prompts], n=1, seed=stream(cfg.seed, "oracle"),
+                                  batch_size=cfg.batch_size)
+    problems = [prompts[int(i)] for i in rollout.prompt_index]
+    rewards = setup.verifier.rewards(rollout.texts, [gold_of(p) for p in problems])
+    reference.exact.observe(rollout.texts, problems, rewards)
+    return OracleCritic(spec, reference.exact, setup.tokenizer, stream(cfg.seed, "oracle"))
+
+
+def is_guess(text: str, chain: str) -> bool:
+    """A response that answers at once ("Answer: N") where the correct chain has steps: the shortcut."""
+    return text.startswith(ANSWER_PREFIX[0]) and not chain.startswith(ANSWER_PREFIX[0])
 
 
 def problems_of(rollout, tokenizer) -> list[dict]:

@@ -294,14 +294,17 @@ def load_models(cfg, device: torch.device, name: str | None = None):
     """(policy, critic, tokenizer) of a run (a config.Config), in float32 on device: the policy from name (default
     cfg.model; for a built-in name the caller passes its folder, shipped_model(name)), the critic from
     --value-model or else from the policy's weights with a zero head; critic None with --group-advantage (GRPO and
-    DAPO have none: nothing is built). A model that cannot be found is one message (SystemExit), not a traceback."""
+    DAPO have none: nothing is built) and --critic-oracle (a constructed critic without weights: run.Hooks builds
+    it). A model that cannot be found is one message (SystemExit), not a traceback."""
     name = name or cfg.model
     if name.startswith("builtin"):
         raise ValueError(f"load_models: pass the built-in model's folder as name (models.shipped_model({name!r}))")
     with found_or_exit("--model", cfg.model):
         policy, tokenizer = load_policy(name, dtype=torch.float32, device=device,
                                         gradient_checkpointing=cfg.gradient_checkpointing)
-    if cfg.group_advantage:
+    if cfg.fp32_lm_head:
+        float32_head(policy)
+    if cfg.group_advantage or cfg.critic_oracle:
         critic = None
     elif cfg.value_model:
         critic = load_value_model(cfg.value_model, dtype=torch.float32, device=device,
@@ -350,6 +353,29 @@ def frozen_copy(model):
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+class Float32Head(nn.Linear):
+    """An LM head (nn.Linear) that computes the logits in float32 whatever autocast says (--fp32-lm-head): its input
+    and weight are cast up and autocast is off inside. Under bf16 autocast the head otherwise runs in bf16, whose
+    spacing near a trained model's chosen logits of 15-30 is 0.06-0.125: the sampler's decode step and the trainer's
+    full-sequence pass, other kernels on other shapes, then round the same logits differently (MiniMax-M1 traced
+    its train/inference log-prob mismatch to the head's precision). Same parameters, same names: checkpoints and
+    engines see the model as it was."""
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return nn.functional.linear(x.float(), self.weight.float(), bias)
+
+
+def float32_head(model: PreTrainedModel) -> PreTrainedModel:
+    """model with its output embeddings (the LM head, an nn.Linear) computing in float32 (Float32Head)."""
+    head = model.get_output_embeddings()
+    if type(head) not in (nn.Linear, Float32Head):
+        raise ValueError(f"--fp32-lm-head: {type(model).__name__}'s head is a {type(head).__name__}, not a Linear")
+    head.__class__ = Float32Head  # a subclass without state of its own: the parameters stay where they are
+    return model
 
 
 def autocast(cfg, device: torch.device):

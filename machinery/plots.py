@@ -157,7 +157,8 @@ def pick_probes(probes: list[dict]) -> list[int]:
 
 
 ADVANTAGES = (("adv_adaptive", "length-adaptive lambda"), ("adv_0.95", "lambda 0.95"), ("adv_1.0", "lambda 1.0"),
-              ("adv_group", "group advantage (no critic)"))
+              ("adv_group", "group advantage (no critic)"),
+              ("adv_exact", "A*: V*'s own advantage (the credit a perfect critic gives)"))
 
 
 def probe_figure(record: dict, probe: dict, out: str) -> dict:
@@ -181,7 +182,8 @@ def probe_figure(record: dict, probe: dict, out: str) -> dict:
     axes[0].set_title(f"{title} (reward {probe['reward']:+g}, {n} tokens)")
     title = "policy advantage, raw (before whitening)"
     for key, label in ADVANTAGES:
-        line(axes[1], title, key, label + (f" = {probe['lam_policy']:.3f}" if key == "adv_adaptive" else ""))
+        style = {"color": "k", "ls": ":"} if key == "adv_exact" else {}
+        line(axes[1], title, key, label + (f" = {probe['lam_policy']:.3f}" if key == "adv_adaptive" else ""), **style)
     axes[1].axhline(0, color="grey", lw=0.5)
     axes[1].set_title(title)
     title = "ratio pi_new / pi_old of the step's update"

@@ -42,7 +42,7 @@ from machinery import world
 from machinery.checkpoints import fault_point, load_checkpoint, save_checkpoint, save_pretrained_atomic, write_atomically
 from machinery.data import check_gold_answers, is_reasoning_gym, load_data
 from machinery.engines import sampling_seed
-from machinery.exact_values import ExactReference
+from machinery.exact_values import ExactReference, oracle_critic
 from machinery.models import (BUILTIN_MODELS, SingleProcess, found_or_exit, gguf_location, is_gguf, load_tokenizer,
                               pick_device, shipped_model, trains)
 from machinery.plots import plot_metrics
@@ -102,21 +102,29 @@ class Hooks:
     observers(setup, critic) -> a list of observers. Each has observe(batch: Observed) -> dict, called after every
         scoring (figures it returns join the RL step's record); optionally updated(batch) -> dict, after the update;
         and state_dict() / load_state_dict(state), which the run's checkpoints keep, so a resumed run continues it.
-    with_builtin adds the built-in task's own: its exact values beside a learned critic (exact_values.ExactReference:
-    the critic judge; the teaching views' V*), in one process without dynamic sampling, where they are defined."""
+    with_builtin adds the built-in task's own, in one process without dynamic sampling, where they are defined: its
+    exact values V* (exact_values.ExactReference: the critic judge, the credit meter, the teaching views' V*) and,
+    with --critic-oracle, the oracle critic that reads them."""
     critic: Callable | None = None
     observers: Callable | None = None
 
     def with_builtin(self, setup: Setup) -> "Hooks":
         cfg = setup.cfg
         if not cfg.builtin or cfg.dynamic_sampling or world.world_size() > 1:
+            if cfg.critic_oracle and world.world_size() > 1:
+                raise SystemExit("--critic-oracle: one process only (its V* is fitted on one process's samples): run "
+                                 "vapo.py, not scale/train.py")
             return self
-        theirs = self.observers
+        if cfg.critic_oracle and self.critic is not None:
+            raise SystemExit(f"--critic-oracle {cfg.critic_oracle}: the run has a constructed critic already (a hook's, "
+                             f"e.g. bench/lab.py record's --critic-offset): give one of the two")
+        reference, theirs = ExactReference(setup.tokenizer), self.observers
+        critic = (lambda net, setup: oracle_critic(cfg.critic_oracle, reference, setup)) if cfg.critic_oracle else \
+            self.critic
 
         def observers(setup, critic):
-            own = [ExactReference(setup.tokenizer)] if critic is not None else []
-            return own + (theirs(setup, critic) if theirs is not None else [])
-        return dataclasses.replace(self, observers=observers)
+            return [reference] + (theirs(setup, critic) if theirs is not None else [])
+        return Hooks(critic=critic, observers=observers)
 
 
 def seed_all(cfg):
@@ -132,14 +140,20 @@ def seed_all(cfg):
 def timed(stats: dict, phase: str, device: torch.device | None = None):
     """Adds the seconds the block takes to stats["time/<phase>"]. On a CUDA device the queued kernels are waited for
     before and after the block (torch.cuda.synchronize), so that each phase is charged with its own GPU work, not
-    the previous phase's (the phases end in .item() calls that wait for most of it anyway). On a CPU nothing waits."""
+    the previous phase's (the phases end in .item() calls that wait for most of it anyway), and the phase's peak of
+    torch's allocated and reserved memory goes to stats["memory/<phase>_peak_gb"] and ["memory/<phase>_reserved_gb"]
+    (GB = 1e9 bytes; torch's peak counters are reset at the block's start). On a CPU nothing waits or is counted."""
     cuda = device is not None and device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
     t = time.perf_counter()
     yield
     if cuda:
         torch.cuda.synchronize(device)
+        for kind, peak in (("peak", torch.cuda.max_memory_allocated), ("reserved", torch.cuda.max_memory_reserved)):
+            key = f"memory/{phase}_{kind}_gb"
+            stats[key] = max(stats.get(key, 0.0), peak(device) / 1e9)
     stats[f"time/{phase}"] = stats.get(f"time/{phase}", 0.0) + time.perf_counter() - t
 
 
@@ -363,11 +377,16 @@ class Run:
 
     # --- checkpoints --------------------------------------------------------------------------------------------
     def save(self, progress: Progress):
-        """A checkpoint of where the run stands (save_checkpoint)."""
+        """A checkpoint of where the run stands (save_checkpoint), logged with its bytes and seconds (the figures
+        are also the log record's `checkpoint` attribute, for a reader of the log such as bench/gpu_check.py)."""
         critic = self.critic if trains(self.critic) else None  # a constructed critic without weights: nothing to save
-        save_checkpoint(self, progress.step, self.policy, critic, self.tokenizer, self.optimizers,
-                        progress.value_pretrained, None if progress.value_pretrained else progress.pretrain,
-                        [o.state_dict() for o in self.observers])
+        written = save_checkpoint(self, progress.step, self.policy, critic, self.tokenizer, self.optimizers,
+                                  progress.value_pretrained, None if progress.value_pretrained else progress.pretrain,
+                                  [o.state_dict() for o in self.observers])
+        if world.is_main():
+            log.info("checkpoint at step %d: %.3f GB, written in %.1f s, read back in %.1f s, fsynced and renamed "
+                     "in %.1f s", written["step"], written["bytes"] / 1e9, written["write_s"], written["verify_s"],
+                     written["swap_s"], extra={"checkpoint": written})
 
     def save_pretrained_critic(self):
         """critic_pretrained/: the value-pretrained critic, a Hugging Face folder (--value-model takes it)."""
@@ -378,7 +397,12 @@ class Run:
         """Resume: weights, optimizers and RNG from the newest readable checkpoint, and the metrics cut back to
         what it covers. A run killed before its first checkpoint starts the RL phase from the critic of
         critic_pretrained/ if that was written, else from the beginning."""
+        t0 = time.perf_counter()
         saved = load_checkpoint(self, self.policy, self.critic if trains(self.critic) else None, self.optimizers)
+        if saved is not None and world.is_main():
+            loaded = {"step": saved["step"], "seconds": time.perf_counter() - t0}
+            log.info("checkpoint of step %d read back into the models and optimizers in %.1f s", saved["step"],
+                     loaded["seconds"], extra={"checkpoint_loaded": loaded})
         pretrained_critic = os.path.join(self.dir, "critic_pretrained")
         if saved is not None:
             progress = Progress(saved["step"], saved["value_pretrained"], saved["pretrain"] or Progress().pretrain)

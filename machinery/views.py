@@ -19,6 +19,7 @@ from machinery import world
 from machinery.checkpoints import write_atomically
 from config import stream
 from machinery.data import gold_of
+from machinery.exact_values import exact_advantages
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from machinery.plots import pick_probes, plot_tokens, read_tokens
 from reward import truncation_rule
@@ -119,8 +120,6 @@ class TokenViews:
             adaptive, returns = decoupled_gae(terminal, values, mask, gamma=cfg.gamma, lam_policy=lam_policy,
                                               lam_critic=cfg.lam_critic)
             rows |= {"value": values, "return": returns, "adv_adaptive": adaptive}
-            if self.exact is not None and self.exact.batches and self.rows and "expr" in self.rows[0]:
-                rows["value_exact"] = self.exact.values(probes, problems, self.run.tokenizer)  # [B, T] V*, beside V
             for name, lam in (("adv_0.95", 0.95), ("adv_1.0", 1.0)):
                 rows[name] = gae(terminal, values, mask, gamma=cfg.gamma, lam=lam)[0]
             counts = mask.sum(0).clamp(min=1)  # [T] responses that reach position t
@@ -130,6 +129,10 @@ class TokenViews:
         else:
             rows["adv_group"] = group_advantage(rewards, mask, PROBE_SAMPLES)
             by_position = None
+        if self.exact is not None and self.exact.batches and self.rows and "expr" in self.rows[0]:
+            problems = [self.rows[b // PROBE_SAMPLES] for b in range(probes.B)]
+            star = self.exact.values(probes, problems, self.run.tokenizer)  # [B, T] V*, drawn beside V
+            rows |= {"value_exact": star, "adv_exact": exact_advantages(star, rewards, mask, cfg.gamma)}
         tokenizer = self.run.tokenizer
         out = [{"reward": float(rewards[b]), "length": int(probes.lengths[b])} for b in range(probes.B)]
         for b in pick_probes(out):  # token by token for the four drawn only: a compact record at any length

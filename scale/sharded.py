@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 
 from machinery.models import (empty_model, found_or_exit, is_gguf, load_tokenizer, model_folder, safetensors_files,
                     set_gradient_checkpointing, value_config)
-from machinery.models import SingleProcess
+from machinery.models import SingleProcess, float32_head
 
 log = logging.getLogger(__name__)
 SAVE_FILE_BYTES = 2e9  # the largest weights file a sharded checkpoint writes (rank 0 gathers one file at a time)
@@ -200,12 +200,14 @@ class Sharded(SingleProcess):
             folder = model_folder(name)
             tokenizer, config = load_tokenizer(folder), AutoConfig.from_pretrained(folder)
         policy = self._load_sharded(AutoModelForCausalLM, config, folder, cfg.gradient_checkpointing)
+        if cfg.fp32_lm_head:  # the head's matmul in float32 (its inputs come bf16 under FSDP2's mixed precision)
+            float32_head(policy)
         if os.path.exists(os.path.join(folder, "generation_config.json")):  # from_config never reads it
             # the stop tokens of an instruct model (<|im_end|> and <|endoftext|>): what engines.eos_token_ids reads
             # and save_pretrained writes back, as from_pretrained gives them in one process
             policy.generation_config = GenerationConfig.from_pretrained(folder)
         critic = None
-        if not cfg.group_advantage:
+        if not (cfg.group_advantage or cfg.critic_oracle):
             source = folder
             if cfg.value_model:
                 with found_or_exit("--value-model", cfg.value_model):

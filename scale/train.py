@@ -83,7 +83,9 @@ def check_sharding(cfg: config.Config, world_size: int):
                          "different numbers of sampling rounds); use vapo.py, or --no-dynamic-sampling")
 
 
-def main(argv=None):
+def main(argv=None, hooks=None):
+    """scale/train.py ARGV in this process, every process of the world running it; hooks: vapo.train's (run.Hooks),
+    for a caller that observes the run (bench/gpu_check.py's sharded part)."""
     device = init_world()
     layout = Sharded(device, timeout=PROCESS_GROUP_TIMEOUT)
     logging.basicConfig(level=logging.INFO if layout.rank == 0 else logging.WARNING,
@@ -95,7 +97,7 @@ def main(argv=None):
         logging.getLogger("vapo").info("sharded over %d processes (FSDP2), device %s, engine %s",
                                        layout.world_size, device.type, cfg.engine)
     try:
-        run_dir = vapo.train(cfg, resume=resume is not None, overwrite=overwrite, layout=layout)
+        run_dir = vapo.train(cfg, resume=resume is not None, overwrite=overwrite, hooks=hooks, layout=layout)
         if layout.rank == 0:
             print(f"done: {run_dir}")
     finally:

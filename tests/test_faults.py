@@ -86,7 +86,7 @@ def test_bad_options_are_refused_naming_the_option(argv, option):
 def test_help_shows_the_default_beside_the_paper_presets_value():
     text = " ".join(config.build_parser(Config, vapo.ALGORITHMS).format_help().split())  # argparse wraps lines
     assert "(default: 0.00015; paper preset: 1e-06)" in text  # --actor-lr: what `python vapo.py` actually uses
-    assert "(the paper trains Qwen2.5-32B) (default: builtin)" in text  # a run option the paper's preset leaves
+    assert "builtin-long: the shipped tiny models (default: builtin)" in text  # a run option the paper's preset leaves
 
 
 def test_missing_model_folder_and_missing_logger_are_named_before_a_run_folder_exists(tmp_path, monkeypatch):

@@ -1,5 +1,4 @@
 """vapo.py: the config, each switch, a few training steps on a tiny random model, resume, the command line."""
-import contextlib
 import dataclasses
 import functools
 import json
@@ -553,6 +552,18 @@ def test_plot_frees_its_figure(tmp_path):
     assert (tmp_path / "curves.png").exists()
     assert left["collect"] == 0
     assert left["no-collect"] >= 1  # without the collection the figures wait, alive or garbage (the test can fail)
+
+
+def test_a_process_without_held_out_prompts_adds_nothing_to_the_figures(tiny_policy, tokenizer, monkeypatch):
+    """Sharded with more processes than held-out prompts, a process gets none: it samples nothing and its figures are
+    zero sums (the reductions over processes add every process's; here one process stands for such a rank)."""
+    from machinery.engines import HFEngine
+    monkeypatch.setattr(world, "shard", lambda items: [])
+    engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=4)
+    engine.generate = lambda *a, **k: pytest.fail("a process without prompts sampled")
+    out = vapo.evaluate(engine, [{"prompt": "Compute: 1 a+1\n", "answer": "2"}], Config(eval_samples=2),
+                        Verifier(arith_reward, 0))
+    assert out["eval/acc_greedy"] == 0.0 and out["eval/acc_greedy_se"] == 0.0 and out["eval/pass@2"] == 0.0
 
 
 def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):

@@ -8,7 +8,6 @@ import torch
 
 import gae
 from machinery import plots
-from machinery import run
 import vapo
 from machinery import views as views_mod
 

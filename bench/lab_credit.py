@@ -1,0 +1,417 @@
+"""The lab's experiment 8 (docs/lab.md, "When a critic pays"): how good a critic must be before its credit pays, on the
+long chains. The oracle critics (vapo.py's --critic-oracle: V* of the current policy, degraded a known way) give
+credit of known quality; the credit meter (machinery/exact_values.py, credit_figures) measures every run's credit
+against V*'s exact advantages, critic or not; each arm's gain is plotted against its measured credit, beside GRPO's
+and self-imitation's (NLL only).
+
+    python bench/lab.py credit-calibration [--seeds 0 1 2] [--report]   # the meter of each critic, no RL
+    python bench/lab.py credit-pilot | credit | credit-hard [--seeds 0 1 2] [--run [--jobs 2] | --report]
+        # the oracle arm's learning rate on the validation split; the curve's runs; the runs on hard problems only
+
+Every run is `python vapo.py --preset long` with its arm's options (the comparison's budget: 40 steps of 8 prompts x
+8 samples), evaluated at the start and the end; its folder's metrics.jsonl holds the meter's figures of every step.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import common  # (puts the repository on the path)
+import config
+import vapo
+from common import fitted_exact, folder_of, held_out, sample_set
+from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards
+from lab import LENGTH_BAND_NAMES, STEP_BANDS, draw, publish
+from losses import explained_variance, masked_whiten
+from machinery import exact_values, task
+from machinery.engines import HFEngine
+from machinery.exact_values import credit_figures, first_error_tokens
+from machinery.models import SingleProcess, load_policy, load_tokenizer, load_value_model
+from reward import Verifier, arith_reward
+from rollout import score_rollout
+
+ALPHA = config.PRESETS["long"]["alpha"]
+ORACLE_LRS = ("5e-6", "1.5e-5", "5e-5")  # the pilot's actor learning rates for the oracle arm (the lr sweep's)
+ORACLE_LR = "1.5e-5"  # the pilot's pick (docs/lab.md, 8: written here after the pilot, before the curve's runs)
+VALIDATION_SEED, VALIDATION_PROBLEMS = 1000, 256  # training-distribution problems no run trains on (seeds 0-4 do)
+LAMBDA0 = ["--no-length-adaptive", "--lam-policy-fixed", "0"]
+# held-out evaluation at the start and the end: 400 problems greedy, 200 of them x 2 sampled (the preset's 1,100 and
+# 550 would be 40% of a run's time; the start is the same base for every arm of a seed)
+EVAL = ["--eval-prompts", "400", "--eval-sampled-prompts", "200"]
+NO_NLL = ["--no-positive-nll"]
+
+
+def oracle(spec: str, *options: str) -> list[str]:
+    return ["--critic-oracle", spec, "--actor-lr", ORACLE_LR, *options]
+
+
+# --- the arms: (label, vapo.py options on top of --preset long) -------------------------------------------------------
+CURVE_ARMS = [
+    ("V* lambda 0", oracle("exact", *NO_NLL, *LAMBDA0)),
+    ("V* preset lambda", oracle("exact", *NO_NLL)),
+    ("V* lambda 1", oracle("exact", *NO_NLL, "--no-length-adaptive", "--lam-policy-fixed", "1")),
+    ("MC 4 lambda 0", oracle("mc:4", *NO_NLL, *LAMBDA0)),
+    ("MC 16 lambda 0", oracle("mc:16", *NO_NLL, *LAMBDA0)),
+    ("V* + noise 0.3 lambda 0", oracle("exact+noise:0.3", *NO_NLL, *LAMBDA0)),
+    ("V* lambda 0 + NLL", oracle("exact", *LAMBDA0)),
+    ("GRPO token-level", ["--algo", "grpo", "--token-level-loss"]),
+    ("NLL only", ["--algo", "grpo", "--positive-nll", "--no-policy-gradient"]),
+    ("VAPO mu 0 (learned critic)", NO_NLL),
+    ("VAPO", []),
+]
+HARD = ["--train-steps", "21-40"]
+HARD_ARMS = [(label, options + HARD) for label, options in CURVE_ARMS
+             if label in ("V* lambda 0", "GRPO token-level", "NLL only", "VAPO mu 0 (learned critic)")]
+PILOT_ARMS = [(f"V* lambda 0, lr {lr}", ["--critic-oracle", "exact", *NO_NLL, *LAMBDA0, "--actor-lr", lr])
+              for lr in ORACLE_LRS]
+RL = {"credit-pilot": PILOT_ARMS, "credit": CURVE_ARMS, "credit-hard": HARD_ARMS}
+ORACLES = [label for label, options in CURVE_ARMS if "--critic-oracle" in options and "--no-positive-nll" in options]
+BASELINES = ("GRPO token-level", "NLL only")
+
+
+def slug(label: str) -> str:
+    return "-".join("".join(c if c.isalnum() or c == "." else " " for c in label.lower()).split())
+
+
+def runs(name: str, seeds: list[int], out: str) -> list[tuple[str, str, list[str]]]:
+    """(arm, run folder, vapo.py options) of each run of an experiment."""
+    return [(label, os.path.join(out, f"{slug(label)}-s{seed}"),
+             ["--preset", "long", *options, *([] if name == "credit-pilot" else EVAL), "--seed", str(seed),
+              "--output-dir", os.path.join(out, f"{slug(label)}-s{seed}")])
+            for seed in seeds for label, options in RL[name]]
+
+
+def run(name: str, seeds: list[int], out: str, jobs: int) -> None:
+    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable)."""
+    todo = runs(name, seeds, out)
+    print(f"{common.now()}, {common.machine()}: lab {name}, {len(todo)} runs, {jobs} at a time, into {out}",
+          flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda r: common.run_vapo(f"{r[0]}, {r[1]}", r[2], r[1]), todo))
+
+
+def print_runs(name: str, seeds: list[int], out: str) -> None:
+    for label, folder, options in runs(name, seeds, out):
+        print(f"{label}:\n  python vapo.py {' '.join(options)}")
+    print("(printed only: --run runs them, --report judges the finished ones; this claims no result)")
+
+
+# --- one run's measures ------------------------------------------------------------------------------------------
+def run_measures(folder: str, prefix: str) -> dict:
+    """A finished run's gains (final - first evaluation) and its credit (the meter's mean over the RL steps)."""
+    records = common.read_records(folder)
+    evals, steps = common.evaluations(records), common.rl_steps(records)
+    m = {}
+    for key in ("acc_avg@2", "acc_greedy", "pass@2", *[f"acc_greedy_steps_{b}" for b in STEP_BANDS]):
+        start, end = (evals[i].get(f"eval/{key}", math.nan) for i in (0, -1))
+        m[f"{prefix}|{key.removeprefix('acc_')}_end"], m[f"{prefix}|{key.removeprefix('acc_')}_gain"] = end, end - start
+    keys = ["credit/corr", "credit/first_error", "credit/fail_share", "credit/step_kl", "groups_all_same",
+            *[f"credit/corr|{b}" for b in LENGTH_BAND_NAMES]]
+    for key in keys:
+        values = [r[key] for r in steps if r.get(key) == r.get(key) and key in r]
+        m[f"{prefix}|{key.removeprefix('credit/')}"] = statistics.mean(values) if values else math.nan
+    first = [r.get("groups_all_same", math.nan) for r in steps[:5]]
+    m[f"{prefix}|all_same_first5"] = statistics.mean(first) if first else math.nan
+    return m
+
+
+def validation(folder: str) -> dict:
+    """A finished run's final policy on the validation split (VALIDATION_PROBLEMS training-distribution problems of a
+    seed no run trains on): greedy and avg@2 with the run's evaluation settings; cached in the run folder."""
+    cache = os.path.join(folder, "validation.json")
+    if os.path.exists(cache):
+        return common.read_json(cache)
+    cfg = vapo.Config(**common.read_json(os.path.join(folder, "config.json")))
+    policy, tokenizer = load_policy(os.path.join(folder, "checkpoint", "policy"), dtype=torch.float32)
+    rows = task.make_dataset(VALIDATION_PROBLEMS, VALIDATION_SEED, task.LONG.min_steps, task.LONG.max_steps,
+                             split="train")
+    engine = HFEngine(policy, tokenizer, max_new_tokens=cfg.max_new_tokens)
+    out = vapo.evaluate(engine, rows, dataclasses_replace(cfg, eval_sampled_prompts=None), Verifier(arith_reward, 0))
+    result = {"greedy": out["eval/acc_greedy"], "avg@2": out["eval/acc_avg@2"]}
+    common.write_json(cache, result)
+    return result
+
+
+def dataclasses_replace(cfg, **changes):
+    import dataclasses
+    return dataclasses.replace(cfg, **changes)
+
+
+def never_solved(out: str, candidates: int = 160, samples: int = 16, keep: int = 48) -> list[dict]:
+    """Held-out problems of 21-40 steps that the base policy answers right in none of `samples` samples at T 1 (the
+    first `keep` of them, among `candidates` of those steps): the set on which pass@8 asks whether training on hard
+    problems found anything new. Cached in out/never-solved.json."""
+    cache = os.path.join(out, "never-solved.json")
+    if os.path.exists(cache):
+        return common.read_json(cache)["problems"]
+    rows = [r for r in task.make_dataset(4 * candidates, 7, 21, 40, split="eval")][:candidates]
+    policy, tokenizer = load_policy(folder_of("builtin-long"), dtype=torch.float32)
+    engine = HFEngine(policy, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=16)
+    rollout = engine.generate([r["prompt"] for r in rows], n=samples, seed=11)
+    right = torch.tensor([task.is_correct(t, rows[int(i)]["answer"]) for t, i in
+                          zip(rollout.texts, rollout.prompt_index)]).view(len(rows), samples).any(1)
+    chosen = [r for r, ok in zip(rows, right.tolist()) if not ok][:keep]
+    common.write_json(cache, {"candidates": candidates, "samples": samples, "problems": chosen,
+                              "solved_share": float(right.float().mean())})
+    return chosen
+
+
+def pass_at(folder: str, problems: list[dict], k: int = 8) -> float:
+    """pass@k of a run's final policy on problems at T 1, cached in the run folder."""
+    cache = os.path.join(folder, f"pass{k}-never-solved.json")
+    if os.path.exists(cache):
+        return common.read_json(cache)["pass"]
+    policy, tokenizer = load_policy(os.path.join(folder, "checkpoint", "policy"), dtype=torch.float32)
+    engine = HFEngine(policy, tokenizer, max_new_tokens=task.LONG.max_response_tokens, batch_size=16)
+    rollout = engine.generate([p["prompt"] for p in problems], n=k, seed=13)
+    right = torch.tensor([task.is_correct(t, problems[int(i)]["answer"]) for t, i in
+                          zip(rollout.texts, rollout.prompt_index)]).view(len(problems), k).any(1)
+    value = float(right.float().mean())
+    common.write_json(cache, {"pass": value, "k": k, "problems": len(problems)})
+    return value
+
+
+def measure(name: str, seed: int, out: str) -> dict | None:
+    """One seed's measures of an experiment, or None while one of its runs is unfinished."""
+    arms = [(label, folder) for label, folder, _ in runs(name, [seed], out)]
+    if not all(common.finished(folder) for _, folder in arms):
+        return None
+    m, curves = {}, {}
+    hard = never_solved(out) if name == "credit-hard" else None
+    for label, folder in arms:
+        m |= run_measures(folder, label)
+        if name == "credit-pilot":
+            v = validation(folder)
+            m[f"{label}|validation"] = (v["greedy"] + v["avg@2"]) / 2
+        if hard is not None:
+            m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
+        curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in common.rl_steps(common.read_records(folder))]}
+    return {"seed": seed, "measures": m, "curves": curves}
+
+
+def crossing(points: list[tuple[float, float]], level: float) -> float:
+    """The credit at which gain(credit), linear between the points sorted by credit, first reaches `level` from below
+    (NaN if it never does; the lowest credit if it is above everywhere)."""
+    points = sorted(p for p in points if p[0] == p[0] and p[1] == p[1])
+    if not points:
+        return math.nan
+    if points[0][1] >= level:
+        return points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y0 < level <= y1:
+            return x0 + (level - y0) / (y1 - y0) * (x1 - x0)
+    return math.nan
+
+
+def add_crossings(per_seed: list[dict]) -> None:
+    """Each seed's credit at which the oracles' curve (gain of avg@2 against credit/corr) reaches GRPO's and NLL
+    only's gain: `crossing|BASELINE` in its measures (so the mean and SE are over seeds)."""
+    for r in per_seed:
+        m = r["measures"]
+        points = [(m[f"{a}|corr"], m[f"{a}|avg@2_gain"]) for a in ORACLES if f"{a}|corr" in m]
+        for b in BASELINES:
+            if f"{b}|avg@2_gain" in m:
+                m[f"crossing|{b}"] = crossing(points, m[f"{b}|avg@2_gain"])
+
+
+def draw_credit(results: list[dict], path: str) -> None:
+    """Final gain of avg@2 against measured credit: the oracles (points with SE bars), the learned critics, and the
+    baselines as horizontal bands; beside it the same for the greedy gain on 31-40-step problems."""
+    arms = [label for label, _ in CURVE_ARMS]
+    panels = []
+    for gain, title in (("avg@2_gain", "avg@2 gain against measured credit"),
+                        ("greedy_steps_31-40_gain", "greedy gain at 31-40 steps against credit")):
+        lines = []
+        for i, a in enumerate(arms):
+            xs = [r["measures"].get(f"{a}|corr", math.nan) for r in results]
+            ys = [r["measures"].get(f"{a}|{gain}", math.nan) for r in results]
+            mx, my = _mean_se(xs), _mean_se(ys)
+            if a in BASELINES and mx[0] != mx[0]:
+                mx = (0.0, 0.0)
+            options = {"label": a, "color": f"C{i % 10}", "xerr": mx[1], "yerr": my[1], "capsize": 2}
+            lines.append(("errorbar", mx[0], my[0], options))
+            if a in BASELINES:
+                lines.append(("band", my[0], my[1], {"color": f"C{i % 10}"}))
+        panels.append({"title": title, "xlabel": "credit/corr (weighted correlation with V*'s A*)",
+                       "ylabel": "gain, points", "custom": lines})
+    _draw_points(path, "When a critic pays: gain against measured credit (mean +- SE over seeds)", panels)
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    v = [x for x in values if x == x]
+    if not v:
+        return math.nan, 0.0
+    return statistics.mean(v), (statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0)
+
+
+def _draw_points(path: str, title: str, panels: list[dict]) -> None:
+    from lab import _pyplot
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        for kind, x, y, options in p["custom"]:
+            if kind == "errorbar":  # an arm: (credit, gain) with their SEs, the gain in points
+                xerr, yerr = options.pop("xerr"), options.pop("yerr")
+                ax.errorbar([x], [100 * y], xerr=[xerr], yerr=[100 * yerr], fmt="o", **options)
+            else:  # a baseline's gain: mean +- 2 SE (x the mean, y its SE)
+                ax.axhspan(100 * (x - 2 * y), 100 * (x + 2 * y), alpha=0.15, **options)
+        ax.set(xlabel=p["xlabel"], ylabel=p["ylabel"])
+        ax.set_title(p["title"], fontsize=9)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_runs(results: list[dict], path: str) -> None:
+    """The pilot's and the hard runs' figure: each arm's credit over the RL steps (mean over seeds)."""
+    arms = list(results[0]["curves"])
+    lines = []
+    for i, a in enumerate(arms):
+        rows = [r["curves"][a]["credit"] for r in results if a in r["curves"]]
+        n = min(map(len, rows)) if rows else 0
+        lines.append((list(range(1, n + 1)), [statistics.mean(x for x in col if x == x) if any(x == x for x in col)
+                                               else math.nan for col in zip(*[row[:n] for row in rows])],
+                      "-", {"label": a, "color": f"C{i}"}))
+    draw(path, "credit/corr over the RL steps", [{"title": "credit/corr", "xlabel": "RL step", "lines": lines}])
+
+
+def report(name: str, seeds: list[int], out: str) -> dict | None:
+    """Judge an experiment's finished seeds against docs/lab.md's written predictions (lab.publish)."""
+    per_seed, missing = [], []
+    for seed in seeds:
+        r = measure(name, seed, out)
+        (per_seed.append(r) if r is not None else missing.append(seed))
+    if missing:
+        print(f"seeds with unfinished runs (left out): {missing}")
+    if not per_seed:
+        return None
+    if name == "credit":
+        add_crossings(per_seed)
+    return publish(name, per_seed, out, draw_credit if name == "credit" else draw_runs,
+                   "one seed: no standard error" if len(per_seed) < 2 else "", seeds=[r["seed"] for r in per_seed],
+                   per_seed=per_seed)
+
+
+# --- calibration: the meter of each critic on the base's held-out responses, before any RL ------------------------
+CALIBRATION_CRITICS = ("V* lambda 0", "V* lambda 0.9", "V* preset lambda", "V* lambda 1", "V* + noise 0.3", "late 3",
+                       "late 10", "MC 4", "MC 16", "floor", "reward model", "value-pretrained", "GRPO")
+
+
+def calibration(args, seed: int) -> dict:
+    """One seed's calibration: args.prompts held-out long chains x args.group samples of the base at T 1, V* fitted on
+    another sample set; for each critic, the meter of its advantages (whitened as the preset whitens; the critics'
+    values at lambda 0 unless named), its EV of the return and, with values, its detection lag."""
+    policy_name = "builtin-long"
+    _, rollout, rewards, _ = sample_set(policy_name, args.prompts, args.group, seed)
+    exact = fitted_exact(policy_name, args.prompts, args.group, seed)
+    problems = [held_out(args.prompts)[int(i)] for i in rollout.prompt_index]
+    tokenizer = load_tokenizer(folder_of(policy_name))
+    mask = rollout.response_mask
+    star = exact.values(rollout, problems, tokenizer)
+    cfg = vapo.Config(**{**config.PRESETS["long"], "samples_per_prompt": args.group})
+    errors = first_error_tokens(rollout, problems, tokenizer)
+    oracle_values = lambda spec: exact_values.OracleCritic(spec, exact, tokenizer, seed).values_of(rollout)  # noqa
+    adaptive = length_adaptive_lambda(rollout.lengths, ALPHA)
+    values = {"V* lambda 0": (star, 0.0), "V* lambda 0.9": (star, 0.9), "V* preset lambda": (star, adaptive),
+              "V* lambda 1": (star, 1.0), "V* + noise 0.3": (oracle_values("exact+noise:0.3"), 0.0),
+              "late 3": (oracle_values("late:3"), 0.0), "late 10": (oracle_values("late:10"), 0.0),
+              "MC 4": (oracle_values("mc:4"), 0.0), "MC 16": (oracle_values("mc:16"), 0.0),
+              "floor": (exact.floor_values(rollout, problems), adaptive)}
+    rm = load_value_model(folder_of("builtin-long-rm"), dtype=torch.float32)
+    values["reward model"] = (score_rollout(None, rm, rollout, 8)["values"], adaptive)
+    values["value-pretrained"] = (score_rollout(None, pretrained_critic(args, seed), rollout, 8)["values"], adaptive)
+    m = {}
+    for name, (v, lam) in values.items():
+        advantages, _ = gae(terminal_rewards(rewards, mask), v, mask, lam=lam)
+        m |= calibration_measures(name, masked_whiten(advantages, mask), v, rollout, rewards, star, problems, errors, cfg)
+    m |= calibration_measures("GRPO", group_advantage(rewards, mask, args.group), None, rollout, rewards, star,
+                              problems, errors, cfg)
+    return {"seed": seed, "measures": m, "curves": {}}
+
+
+def calibration_measures(name, advantages, values, rollout, rewards, star, problems, errors, cfg) -> dict:
+    """The meter (credit_figures) of one critic's advantages, its EV of the return and its detection lag."""
+    from types import SimpleNamespace
+    batch = SimpleNamespace(cfg=vapo.Config(**{**config.PRESETS["long"], "samples_per_prompt": cfg.samples_per_prompt,
+                                               "positive_nll": False}),
+                            rollout=rollout, advantages=advantages, verdicts=rewards, rewards=rewards,
+                            old_logprobs=rollout.sampler_logprobs)
+    figures = credit_figures(batch, star, errors)
+    out = {f"{name}|{k.removeprefix('credit/')}": v for k, v in figures.items()}
+    if values is not None:
+        mask = rollout.response_mask
+        returns = terminal_rewards(rewards, mask).flip(1).cumsum(1).flip(1)  # the Monte-Carlo return at each token
+        out[f"{name}|ev"] = explained_variance(values, returns, mask)
+        lags = detection_lags(values, errors, rollout.lengths)
+        out[f"{name}|lag_median"] = statistics.median(lags) if lags else math.nan
+        out[f"{name}|lag_never"] = sum(math.isinf(x) for x in lags) / len(lags) if lags else math.nan
+    return out
+
+
+def detection_lags(values: torch.Tensor, errors: list[tuple[int, int]], lengths: torch.Tensor) -> list[float]:
+    """Per wrong response, the tokens after its first wrong token until V has fallen half way from V(s_e) to -1
+    (0: the state just after the wrong token shows it, as V*'s does); inf where it never does."""
+    out = []
+    for b, e in errors:
+        n, v0 = int(lengths[b]), float(values[b, e])
+        threshold = (v0 - 1) / 2
+        later = [d for d in range(1, n - e) if float(values[b, e + d]) <= threshold]
+        out.append(float(later[0] - 1) if later else math.inf)
+    return out
+
+
+def pretrained_critic(args, seed: int):
+    """A critic value-pretrained as --preset long does (from the shipped reward model, Monte-Carlo targets, the
+    preset's critic settings) on args.pretrain_steps batches of the base's training-split rollouts (lab_analyses's
+    training_batches and fit_critic), cached under args.out."""
+    from types import SimpleNamespace
+    from lab_analyses import fit_critic, training_batches
+    folder = os.path.join(args.out, f"pretrained-critic-s{seed}")
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return load_value_model(folder, dtype=torch.float32)
+    critic = load_value_model(folder_of("builtin-long-rm"), dtype=torch.float32)
+    preset = config.PRESETS["long"]
+    parts = training_batches(SimpleNamespace(batches=args.pretrain_steps, batch_prompts=preset["prompts_per_step"],
+                                             group=preset["samples_per_prompt"]), seed)
+    fit_critic(critic, parts, 1.0)
+    SingleProcess().save_pretrained(critic, folder)
+    return critic
+
+
+CALIBRATION_SIZES = {"prompts": (100, "held-out problems"), "group": (8, "samples a problem (G)"),
+                     "pretrain_steps": (20, "the value-pretrained critic's batches (the preset's steps)")}
+
+
+def run_calibration(args, out: str) -> dict | None:
+    """credit-calibration: each seed's measures (out/credit-calibration-sSEED.json), then judged over seeds."""
+    args.out = out
+    per_seed = []
+    for seed in args.seeds:
+        path = os.path.join(out, f"credit-calibration-s{seed}.json")
+        if not os.path.exists(path):
+            if args.report:
+                continue
+            common.write_json(path, calibration(args, seed))
+        per_seed.append(common.read_json(path))
+    if not per_seed:
+        return None
+    small = any(getattr(args, k) < d for k, (d, _) in CALIBRATION_SIZES.items())
+    return publish("credit-calibration", per_seed, out, draw_calibration,
+                   "a smoke run below the written sizes" if small else "", seeds=[r["seed"] for r in per_seed],
+                   sizes={k: getattr(args, k) for k in CALIBRATION_SIZES})
+
+
+def draw_calibration(results: list[dict], path: str) -> None:
+    names = [*CALIBRATION_CRITICS]
+    bars = []
+    for key, label in (("corr", "credit/corr"), ("first_error", "credit/first_error (SD)")):
+        stats = [_mean_se([r["measures"].get(f"{n}|{key}", math.nan) for r in results]) for n in names]
+        bars.append({"title": label, "bars": (names, [(None, [s[0] for s in stats], [s[1] for s in stats])]),
+                     "hline": 0})
+    draw(path, "credit of each critic on the base's held-out responses (mean +- SE over seeds)", bars, width=7.5)

@@ -1,0 +1,93 @@
+"""bench/lab_credit.py (docs/lab.md, experiment 8): its planned runs are vapo.py command lines that set what their
+labels say, the crossing points on hand-made curves, the report on made-up run folders, and the calibration at smoke
+size on the shipped long-chain models."""
+import json
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+import vapo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import lab  # noqa: E402
+import lab_credit  # noqa: E402
+
+
+def test_every_planned_run_is_a_vapo_py_run_of_its_arm(tmp_path):
+    checks = {"V* lambda 0": lambda c: c.critic_oracle == "exact" and c.lam_policy_fixed == 0 and not c.length_adaptive
+              and not c.positive_nll and c.actor_lr == float(lab_credit.ORACLE_LR),
+              "V* lambda 1": lambda c: c.lam_policy_fixed == 1 and not c.length_adaptive,
+              "MC 16 lambda 0": lambda c: c.critic_oracle == "mc:16",
+              "V* lambda 0 + NLL": lambda c: c.critic_oracle == "exact" and c.positive_nll and c.mu == 3,
+              "GRPO token-level": lambda c: c.group_advantage and c.token_level_loss and c.critic_oracle is None,
+              "NLL only": lambda c: not c.policy_gradient and c.positive_nll,
+              "VAPO mu 0 (learned critic)": lambda c: not c.group_advantage and not c.positive_nll,
+              "V* lambda 0, lr 5e-6": lambda c: c.actor_lr == 5e-6}
+    seen = set()
+    for name, seeds in (("credit", [0, 1]), ("credit-hard", [0]), ("credit-pilot", [0])):
+        for label, folder, options in lab_credit.runs(name, seeds, str(tmp_path)):
+            cfg, _, _ = vapo.config_from_args(options)
+            assert cfg.output_dir == folder and cfg.steps == 40 and cfg.dataset == "builtin-long"
+            assert (cfg.train_steps == "21-40") == (name == "credit-hard")
+            if label in checks:
+                assert checks[label](cfg), label
+                seen.add(label)
+    assert seen == set(checks)
+    assert lab_credit.ORACLES == ["V* lambda 0", "V* preset lambda", "V* lambda 1", "MC 4 lambda 0", "MC 16 lambda 0",
+                                  "V* + noise 0.3 lambda 0"]
+
+
+def test_the_crossing_is_where_the_curve_reaches_the_level():
+    points = [(0.9, 0.30), (0.5, 0.10), (0.7, 0.20)]
+    assert lab_credit.crossing(points, 0.15) == pytest.approx(0.6)  # between (0.5, 0.10) and (0.7, 0.20)
+    assert lab_credit.crossing(points, 0.05) == 0.5  # above the level everywhere: the lowest credit
+    assert math.isnan(lab_credit.crossing(points, 0.4))  # never reached
+
+
+def write_run(folder, start: float, end: float, corr: float, steps: int = 3):
+    os.makedirs(folder, exist_ok=True)
+    records = [{"step": 0, "eval/acc_avg@2": start, "eval/acc_greedy": start, "eval/pass@2": start}]
+    records += [{"step": s, "train_acc": 0.5, "credit/corr": corr, "credit/first_error": -1.0, "credit/fail_share": 0.1,
+                 "credit/step_kl": 0.01, "groups_all_same": 0.3} for s in range(1, steps + 1)]
+    records.append({"step": steps, "eval/acc_avg@2": end, "eval/acc_greedy": end, "eval/pass@2": end})
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"steps": steps}, fh)  # common.finished: the last step's evaluation is there
+
+
+def test_the_report_judges_made_up_runs(tmp_path):
+    """Runs whose gains follow their credit (gain = credit / 4), GRPO at credit 0.5 and gain 0.1, NLL only at 0.2:
+    the oracle beats GRPO, the crossings come out where the line says, and the figure is drawn."""
+    credit = {"V* lambda 0": 1.0, "V* preset lambda": 0.9, "V* lambda 1": 0.6, "MC 4 lambda 0": 0.8,
+              "MC 16 lambda 0": 0.85, "V* + noise 0.3 lambda 0": 0.7, "V* lambda 0 + NLL": 1.0, "GRPO token-level": 0.5,
+              "NLL only": 0.3, "VAPO mu 0 (learned critic)": 0.52, "VAPO": 0.55}
+    gains = {a: c / 4 for a, c in credit.items()} | {"NLL only": 0.2, "GRPO token-level": 0.1}
+    for seed, noise in ((0, 0.0), (1, 0.004)):
+        for label, folder, _ in lab_credit.runs("credit", [seed], str(tmp_path)):
+            write_run(folder, 0.2, 0.2 + gains[label] + noise, credit[label])
+    summary = lab_credit.report("credit", [0, 1], str(tmp_path))
+    verdicts = dict(summary["verdicts"])
+    assert verdicts["1. V* at lambda 0 (no NLL) gains more avg@2 than token-level GRPO"] == "confirmed"
+    crossing = summary["mean_se"]["crossing|GRPO token-level"][0]
+    assert crossing == pytest.approx(0.6)  # every oracle gains more than GRPO: the crossing is the lowest oracle's
+    assert summary["mean_se"]["crossing|NLL only"][0] == pytest.approx(0.8, abs=0.02)  # gain 0.2 = 0.8 / 4
+    assert (tmp_path / "credit.png").exists()
+
+
+def test_the_calibration_at_smoke_size(tmp_path):
+    """Every critic of the calibration is measured; V*'s own advantages at lambda 0 correlate 1 with A*; its detection
+    lag is 0 and late 3's is 3."""
+    args = SimpleNamespace(seeds=[0], report=False, prompts=4, group=2, pretrain_steps=1)
+    summary = lab_credit.run_calibration(args, str(tmp_path))
+    s = summary["mean_se"]
+    assert all(f"{name}|corr" in s for name in lab_credit.CALIBRATION_CRITICS)
+    assert s["V* lambda 0|corr"][0] == pytest.approx(1.0, abs=1e-6)
+    if s["V* lambda 0|lag_median"][0] == s["V* lambda 0|lag_median"][0]:  # (a seed with a wrong response)
+        assert s["V* lambda 0|lag_median"][0] == 0 and s["late 3|lag_median"][0] == 3
+    assert "smoke run" in summary["note"] and (tmp_path / "credit-calibration.png").exists()
+    assert lab.PREDICTIONS["credit-calibration"]
