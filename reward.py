@@ -165,6 +165,16 @@ def extract_answer(text: str) -> str | None:
     return None if line is None else _answer_line(line)
 
 
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in text ("-12", "3.5", "1,200" read as "1200"), or None: the lenient reading of a
+    reply, which grades the skill apart from the answer format (vapo.evaluate's eval/lenient_*)."""
+    found = _NUMBER.findall(text[-MAX_ANSWER_CHARS:])
+    return found[-1].replace(",", "") if found else None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Mathematical equivalence
 # ---------------------------------------------------------------------------------------------------------

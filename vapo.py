@@ -52,7 +52,7 @@ from config import ALGORITHMS, Config
 from gae import decoupled_gae, gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from losses import (explained_variance, first_tenth_mask, kl_to_reference, masked_mean, masked_whiten, policy_loss,
                     positive_nll_loss, value_loss)
-from reward import Verifier, overlong_penalty, truncation_rule
+from reward import Verifier, last_number, overlong_penalty, truncation_rule
 from rollout import Rollout, by_length, response_logprobs, response_values, score_rollout
 from machinery import world
 from machinery.data import gold_of, prompt_batch
@@ -173,7 +173,9 @@ def rl_step(step: int, policy, critic, optimizers, engine, rows, cfg: Config, ve
 def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages, returns, lam_policy, cfg: Config,
                 stats: dict) -> dict:
     """Phase 6: the step's flat record, every figure over the whole batch (every process's share of it). verdicts,
-    rewards, lam_policy [B]; advantages, returns and scored's entries [B, T]; stats: the phases' own figures."""
+    rewards, lam_policy [B]; advantages, returns and scored's entries [B, T]; stats: the phases' own figures. With a
+    critic, its fit (explained variance of its targets, overall, on each response's first tenth and on the rest) and,
+    with groups, ev_group_baseline: the same of the mean reward of the other samples of each one's group."""
     mask, every = rollout.response_mask, world.all_sum
     record = {"step": step + 1, "reward_mean": world.mean(rewards), "train_acc": world.mean(verdicts > 0),
               "response_len": world.mean(rollout.lengths), "truncated_frac": world.mean(rollout.truncated),
@@ -190,6 +192,10 @@ def step_record(step: int, rollout, verdicts, rewards, scored: dict, advantages,
                    "value_mean": masked_mean(values, mask, all_sum=every).item(),
                    "value_error": masked_mean(values - returns, mask, all_sum=every).item(),  # the critic's bias
                    "lam_policy": world.mean(lam_policy)}
+        G = cfg.group_size
+        if G > 1:  # the bar a critic must clear to be a better baseline than the group's (EVPO, arXiv 2604.19485)
+            others = ((rewards.view(-1, G).sum(1, keepdim=True) - rewards.view(-1, G)) / (G - 1)).view(-1)  # [B]
+            record["ev_group_baseline"] = explained_variance(others[:, None] * mask, returns, mask, all_sum=every)
     return record
 
 
@@ -528,7 +534,9 @@ def warn_below_gate(cfg: Config, progress: dict):
 
 def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[str, float]:
     """Held-out accuracy: avg@k (k = eval_samples at eval_temperature / eval_top_p, the paper's protocol; on the
-    first eval_sampled_prompts rows when set), pass@k (k > 1) and greedy, each with its standard error over prompts.
+    first eval_sampled_prompts rows when set), pass@k (k > 1) and greedy, each with its standard error over prompts;
+    on a dataset also each one lenient (eval/lenient_...: the stated answer right, or the gold the reply's last
+    number), the task's skill apart from the answer format.
     A fixed sampling seed (evaluations differ only by the weights; the training RNG is untouched), in passes of
     eval_batch prompts so the KV cache never holds more rows than a training rollout's (or --eval-batch-size x k)."""
     # rows with a "band" (the long chains' step counts, "1-10" ...) also get the accuracy of each band
@@ -548,6 +556,9 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
                 out[f"eval/pass@{n}"] = world.mean(torch.zeros(0))
             out[f"eval/response_len_{name}"] = world.mean(torch.zeros(0))
             out |= {f"eval/acc_{name}_steps_{band}": world.mean(torch.zeros(0)) for band in bands}
+            if not cfg.builtin:
+                out |= {f"eval/lenient_{key}": world.mean(torch.zeros(0)) for key in
+                        (name, *([f"pass@{n}"] if n > 1 else []))}
             continue
         with autocast(cfg, engine.device):
             rollout = engine.generate([r["prompt"] for r in mine], n=n, temperature=temperature, top_p=top_p,
@@ -560,6 +571,15 @@ def evaluate(engine, rows: list[dict], cfg: Config, verifier: Verifier) -> dict[
         if n > 1:  # pass@k: the share of prompts with any right sample (sharpening raises avg@k, not pass@k)
             out[f"eval/pass@{n}"] = world.mean((per_prompt > 0).double())
         out[f"eval/response_len_{name}"] = world.mean(rollout.lengths)
+        if not cfg.builtin:  # skill apart from format: the answer stated right, or the gold the reply's last number
+            golds = [gold_of(mine[int(i)]) for i in rollout.prompt_index]
+            last = [f"Answer: {x}" if x is not None else "" for x in map(last_number, rollout.texts)]
+            lenient = (verdicts > 0) | (torch.tensor(verifier.rewards(last, golds), device=verdicts.device) > 0)
+            out[f"eval/lenient_{name}"] = world.mean(lenient)
+            if n > 1:
+                any_right = torch.zeros(len(mine), dtype=torch.float64).index_add_(
+                    0, rollout.prompt_index.long().cpu(), lenient.double().cpu()) > 0
+                out[f"eval/lenient_pass@{n}"] = world.mean(any_right.double())
         for band in bands:
             pick = torch.tensor([mine[int(i)].get("band") == band for i in rollout.prompt_index], dtype=torch.bool)
             out[f"eval/acc_{name}_steps_{band}"] = world.mean(verdicts[pick] > 0)

@@ -244,3 +244,21 @@ def test_exact_values_put_the_td_error_on_the_habits_first_wrong_token(tokenizer
     floor = exact.floor_values(rollout, [PROBLEM] * 4)
     assert credit(star) > 10 and credit(floor) == 0
     assert explained_variance(star, returns, mask) > explained_variance(floor, returns, mask)
+
+
+def test_the_group_baseline_is_the_bar_a_critic_must_clear():
+    """ev_group_baseline: the explained variance of the return by the mean reward of the other samples of each one's
+    group (GRPO's baseline without the sample itself), beside the critic's own."""
+    from types import SimpleNamespace
+    from losses import explained_variance
+    mask = torch.ones(4, 3, dtype=torch.long)
+    rewards = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    returns = rewards[:, None] * mask
+    rollout = SimpleNamespace(response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(4, dtype=torch.bool))
+    scored = {"values": torch.zeros(4, 3), "old_logprobs": torch.zeros(4, 3)}
+    cfg = vapo.Config(prompts_per_step=2, samples_per_prompt=2)
+    record = vapo.step_record(0, rollout, rewards, rewards, scored, torch.zeros(4, 3), returns, torch.zeros(4), cfg, {})
+    others = torch.tensor([-1.0, 1.0, 1.0, 1.0])[:, None] * mask  # each sample's group partner's reward
+    assert record["ev_group_baseline"] == pytest.approx(explained_variance(others, returns, mask))
+    assert record["ev_group_baseline"] < 0  # here the partner predicts the return worse than its mean: below 0
+

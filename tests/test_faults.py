@@ -49,14 +49,15 @@ def records(run_dir):
 
 
 # Logged figures that are NaN when undefined (not a fault): explained variance where every return is the same
-# (Var[R] = 0), groups_all_same without groups (G = 1). Every other logged number is finite.
+# (Var[R] = 0), groups_all_same without groups (G = 1), the credit meter's where there is nothing to measure (no
+# wrong response, advantages all 0). Every other logged number is finite.
 UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
-                    "ev_critic_exact")
+                    "ev_critic_exact", "ev_group_baseline")
 
 
 def not_finite(record):
     return [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)
-            and k not in UNDEFINED_AS_NAN]
+            and k not in UNDEFINED_AS_NAN and not k.startswith("credit/")]
 
 
 def rl_steps(run_dir):

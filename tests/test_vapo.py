@@ -566,6 +566,34 @@ def test_a_process_without_held_out_prompts_adds_nothing_to_the_figures(tiny_pol
     assert out["eval/acc_greedy"] == 0.0 and out["eval/acc_greedy_se"] == 0.0 and out["eval/pass@2"] == 0.0
 
 
+def test_a_dataset_evaluation_reports_the_skill_apart_from_the_format():
+    """On a dataset every figure has a lenient twin: a reply counts when its stated answer is right, or when the gold is
+    its last number ("3 + 4 = 7" with no answer line); pass@k counts a prompt once any sample is right either way."""
+    from reward import last_number
+    assert [last_number(t) for t in ("3 + 4 = 7.", "total 1,200", "none", "x = -5.5")] == ["7", "1200", None, "-5.5"]
+    replies = {"p1": ["Answer: 7", "3 + 4 = 7"], "p2": ["so 9 - 2 is 7 and the answer is 7", "Answer: 5"]}
+
+    class Scripted:
+        device = torch.device("cpu")
+
+        def generate(self, prompts, n=1, **kw):
+            from rollout import Rollout
+            texts = [replies[p][g] for p in prompts for g in range(n)]
+            B = len(texts)
+            return Rollout(prompt_ids=torch.ones(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
+                           response_ids=torch.ones(B, 2, dtype=torch.long), response_mask=torch.ones(B, 2, dtype=torch.long),
+                           lengths=torch.full((B,), 2), truncated=torch.zeros(B, dtype=torch.bool),
+                           sampler_logprobs=torch.zeros(B, 2),
+                           prompt_index=torch.arange(len(prompts)).repeat_interleave(n), texts=texts)
+    rows = [{"prompt": "p1", "answer": "7"}, {"prompt": "p2", "answer": "7"}]
+    cfg = Config(dataset="data.jsonl", eval_samples=2)
+    out = vapo.evaluate(Scripted(), rows, cfg, Verifier(arith_reward, 0))
+    assert out["eval/acc_avg@2"] == 0.25 and out["eval/lenient_avg@2"] == 0.75  # 1 of 4 stated right; 3 of 4 lenient
+    assert out["eval/pass@2"] == 0.5 and out["eval/lenient_pass@2"] == 1.0
+    assert out["eval/acc_greedy"] == 0.5 and out["eval/lenient_greedy"] == 1.0  # the first reply of each prompt
+    assert "eval/lenient_greedy" not in vapo.evaluate(Scripted(), rows, Config(eval_samples=2), Verifier(arith_reward, 0))
+
+
 def test_evaluation_samples_in_bounded_passes(tiny_policy, tokenizer):
     """Held-out prompts x k are sampled in passes of at most a training rollout's rows (or --eval-batch-size
     prompts x k), not in one KV cache for the whole evaluation; greedy results do not depend on the passes."""
