@@ -15,7 +15,7 @@ VAPO is PPO with a learned critic, made stable on long chains of thought by seve
     3. score       the policy's old log-probs and the critic's V(s_t), no grad               score
     4. advantages  decoupled, length-adaptive GAE: critic targets and policy advantages       advantages_and_returns
     5. update      mini-batches of PPO (policy) and value-loss (critic) steps                 update
-    6. log         one flat record; evaluate, plot, checkpoint (machinery/run.py decides when)   evaluate
+    6. log         one flat record; evaluate, plot, checkpoint (machinery/run.py: when)       evaluate
 
 The seven techniques, each one switch of Config (e.g. `--no-clip-higher`) and one `if` where it acts:
 
