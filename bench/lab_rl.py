@@ -28,6 +28,7 @@ from machinery import exact_values
 from machinery import task
 import vapo
 from common import folder_of, sample_set, token_ends
+from lab_critic import SolutionCritic
 from machinery.data import prompt_batch
 from machinery.models import autocast, zero_head
 from machinery.run import Hooks
@@ -215,12 +216,16 @@ def split_offset(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def record(argv: list[str]) -> str:
-    """`bench/lab.py record -- [--critic-offset exact:OFFSET:SLOPE] VAPO.PY OPTIONS`: vapo.py's own run with the lab's
-    hooks (machinery/run.py, Hooks): the DecisionRecorder always, the OffsetCritic with --critic-offset (the built-in
-    long task, a critic, one process, no dynamic sampling). The offset is kept in the run folder's lab.json, so
-    `record -- --resume DIR` continues with it. Returns the run folder."""
+    """`bench/lab.py record -- [--critic-offset exact:OFFSET:SLOPE | --critic-solution] VAPO.PY OPTIONS`: vapo.py's
+    own run with the lab's hooks (machinery/run.py, Hooks): the DecisionRecorder always; the OffsetCritic with
+    --critic-offset (the built-in long task, a critic, one process, no dynamic sampling); the critic that reads the
+    reference solution with --critic-solution (lab_critic.SolutionCritic: the run's critic network, reading the
+    correct chain before each response). The choice is kept in the run folder's lab.json, so `record -- --resume DIR`
+    continues with it. Returns the run folder."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    spec, argv = split_offset(argv[1:] if argv[:1] == ["--"] else list(argv))
+    argv = argv[1:] if argv[:1] == ["--"] else list(argv)
+    solution = "--critic-solution" in argv
+    spec, argv = split_offset([a for a in argv if a != "--critic-solution"])
     cfg, resume, overwrite = vapo.config_from_args(argv)
     if not (cfg.output_dir or resume):
         raise SystemExit("bench/lab.py record: give vapo.py's --output-dir (the record goes into the run folder)")
@@ -228,7 +233,10 @@ def record(argv: list[str]) -> str:
         raise SystemExit(f"bench/lab.py record: the built-in task's borrow decisions only (--dataset {cfg.dataset})")
     saved = os.path.join(cfg.output_dir, "lab.json")
     if resume and os.path.exists(saved):
-        spec = json.load(open(saved)).get("critic_offset")
+        spec, solution = (json.load(open(saved)).get(k) for k in ("critic_offset", "critic_solution"))
+    if solution and (spec is not None or cfg.group_advantage or cfg.critic_oracle):
+        raise SystemExit("--critic-solution: needs the run's own critic network (not --critic-offset, --critic-oracle "
+                         "or the group advantage)")
     if spec is not None:
         parse_offset(spec)
         why = ("a critic to offset (not --algo grpo or dapo)" if cfg.group_advantage else
@@ -240,8 +248,10 @@ def record(argv: list[str]) -> str:
     os.makedirs(cfg.output_dir, exist_ok=True)
     if not resume:
         with open(saved, "w") as fh:
-            json.dump({"critic_offset": spec}, fh)
-    hooks = Hooks(critic=offset_critic(spec) if spec else None,
+            json.dump({"critic_offset": spec, "critic_solution": solution}, fh)
+    critic = (offset_critic(spec) if spec else
+              (lambda net, setup: SolutionCritic(net, setup.tokenizer)) if solution else None)
+    hooks = Hooks(critic=critic,
                   observers=lambda setup, critic: [DecisionRecorder(cfg.output_dir, setup.tokenizer)])
     return vapo.train(cfg, resume=resume is not None, overwrite=overwrite, hooks=hooks)
 
