@@ -4,6 +4,7 @@
                                             by torch.cat: O(T^2) copies over a response of T tokens)
     grouped_attention, use_grouped_attention  decode attention that reads the KV heads as they are cached, where
                                             transformers' SDPA path copies them to every query head at every step
+                                            (releases before pack_gqa, the lent GPU image's 5.17 among them)
     on_fast_path(device)                    where each is used by default: CUDA
 
 Both keep the numbers: the preallocated cache draws the same samples as transformers' cache bit for bit, the grouped
@@ -17,10 +18,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.integrations import sdpa_attention as transformers_sdpa
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GROUPED = "sdpa_grouped"  # the attention's name; with "sdpa" in it transformers runs its SDPA checks for it
+# Newer transformers releases (5.23 has it, 5.19 has not) do what grouped_attention does in their own SDPA path
+# (pack_gqa: a one-token query's heads stacked by KV group, nothing copied): the sampler then keeps theirs.
+TRANSFORMERS_DECODES_GROUPED = hasattr(transformers_sdpa, "pack_gqa")
 
 
 def on_fast_path(device: torch.device) -> bool:
@@ -159,9 +164,10 @@ def use_grouped_attention(model) -> bool:
     """Switch model (a Hugging Face model on transformers' SDPA attention) to grouped_attention for its decode
     steps; True if it now uses it. The mask function is registered under the same name, for masking_utils builds
     no mask at all for a name it does not know (it assumes a backend that masks by itself), and left-padded rows
-    would then attend to their padding. A model on another attention (eager, flash) is left as it is. The name is
-    not saved with the model's config (transformers leaves it out), so checkpoints do not depend on it."""
-    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", GROUPED):
+    would then attend to their padding. A model on another attention (eager, flash) is left as it is, and so is every
+    model where transformers' own SDPA already decodes grouped (TRANSFORMERS_DECODES_GROUPED: False is returned). The
+    name is not saved with the model's config (transformers leaves it out), so checkpoints do not depend on it."""
+    if TRANSFORMERS_DECODES_GROUPED or getattr(model.config, "_attn_implementation", None) not in ("sdpa", GROUPED):
         return False
     register()
     model.set_attn_implementation(GROUPED)

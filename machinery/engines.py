@@ -43,7 +43,8 @@ class HFEngine:
     tensor) pairs, which idle() writes into it after every update, as into a vLLM engine.
     grouped_decode: the model's decode steps attend with decoding.grouped_attention, which reads the cached KV heads
     without copying them to every query head (the model's other passes are unchanged: they take transformers' own
-    SDPA path, bit for bit); None: on a GPU (decoding.on_fast_path). It equals transformers' SDPA to rounding, not
+    SDPA path, bit for bit); None: on a GPU (decoding.on_fast_path). Where transformers' own SDPA already decodes
+    grouped (decoding.TRANSFORMERS_DECODES_GROUPED) it is left to do so and this is False. It equals transformers' SDPA to rounding, not
     bit for bit, so a CPU run keeps its numbers by default.
     """
 

@@ -12,7 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicLayer
 
 from machinery import decoding
-from machinery.decoding import GROUPED, grouped_attention, use_grouped_attention
+from machinery.decoding import GROUPED, grouped_attention
 from machinery.engines import HFEngine
 from rollout import Rollout, position_ids, response_logprobs
 
@@ -50,11 +50,21 @@ def calls(monkeypatch):
     return counts
 
 
+def grouped(model):
+    """model switched to grouped_attention whatever the release (use_grouped_attention declines where transformers'
+    own SDPA already decodes grouped; the function is still the one the lent image's release needs)."""
+    decoding.register()
+    model.set_attn_implementation(GROUPED)
+    return model
+
+
 def test_the_hf_engines_grouped_decode_samples_what_sdpa_samples_without_copying_kv(model, tokenizer, calls):
-    """The HF engine with grouped_decode (a GPU's default) against transformers' SDPA on the same weights, prompts
-    of four lengths (left padding: a mask at every decode step) and seed, 4 samples each, ragged lengths: the same
-    tokens, log-probs and entropies to rounding; every decode step of both layers took the grouped path, and
-    repeat_kv (which copies the cache 7x at this head layout) ran only in the prefills."""
+    """The HF engine on grouped_attention against transformers' SDPA on the same weights, prompts of four lengths
+    (left padding: a mask at every decode step) and seed, 4 samples each, ragged lengths: the same tokens, log-probs
+    and entropies to rounding; every decode step of both layers took the grouped path, and repeat_kv (which copies
+    the cache 7x at this head layout) ran only in the prefill. transformers' own SDPA copies at every decode step in
+    releases without pack_gqa (5.17, 5.19: the engine then switches to grouped_attention on a GPU) and only in the
+    prefill in releases with it (5.23: the engine leaves it alone)."""
     generate, widths = dict(n=4, seed=5), []
     model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
                                     with_kwargs=True)
@@ -63,10 +73,11 @@ def test_the_hf_engines_grouped_decode_samples_what_sdpa_samples_without_copying
     ref = plain.generate(PROMPTS, **generate)
     decode_steps = widths.count(1)  # forward passes of one new token a row
     assert decode_steps >= ref.T - 1 and calls["grouped"] == 0
-    assert calls["repeat_kv"] == 2 * 2 * len(widths)  # K and V of 2 layers, in every forward pass
+    copying = len(widths) - decode_steps if decoding.TRANSFORMERS_DECODES_GROUPED else len(widths)
+    assert calls["repeat_kv"] == 2 * 2 * copying  # K and V of 2 layers, in every pass that copies
+    assert HFEngine(model, tokenizer, grouped_decode=True).grouped_decode != decoding.TRANSFORMERS_DECODES_GROUPED
     calls.update(repeat_kv=0)
-    engine = HFEngine(model, tokenizer, max_new_tokens=20, grouped_decode=True)
-    assert engine.grouped_decode and model.config._attn_implementation == GROUPED
+    engine = HFEngine(grouped(model), tokenizer, max_new_tokens=20, grouped_decode=False)
     got = engine.generate(PROMPTS, **generate)
     assert calls["grouped"] == 2 * decode_steps and calls["repeat_kv"] == 2 * 2  # the prefill only
     assert len(set(got.lengths.tolist())) > 1  # rows left the batch on the way (compaction, with its mask)
@@ -78,7 +89,8 @@ def test_the_hf_engines_grouped_decode_samples_what_sdpa_samples_without_copying
 def test_a_decode_step_expands_no_kv_tensor(model, calls):
     """One decode step of a left-padded batch under the grouped attention: no aten op makes a tensor of K or V
     expanded to the 14 query heads ([B, 14, L, D] or [B, 2, 7, L, D]); under transformers' SDPA two layers make
-    them (the expansion issue 61 measured at 184 KB per row-token of context at Qwen2.5-0.5B)."""
+    them in releases without pack_gqa (the expansion issue 61 measured at 184 KB per row-token of context at
+    Qwen2.5-0.5B), none in releases with it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Shapes(TorchDispatchMode):
@@ -97,7 +109,7 @@ def test_a_decode_step_expands_no_kv_tensor(model, calls):
     expanded = {}
     for name in ("sdpa", GROUPED):
         if name == GROUPED:
-            use_grouped_attention(model)
+            grouped(model)
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True)
             shapes = Shapes()
@@ -106,7 +118,11 @@ def test_a_decode_step_expands_no_kv_tensor(model, calls):
                       [mask, torch.ones(4, 1, dtype=torch.long)], 1), position_ids=position_ids(mask)[:, -1:] + 1,
                       past_key_values=out.past_key_values, use_cache=True)
         expanded[name] = [s for s in shapes.seen if s in ((4, HQ, 8, D), (4, HKV, HQ // HKV, 8, D))]
-    assert len(expanded["sdpa"]) >= 2 * 2 and expanded[GROUPED] == []
+    assert expanded[GROUPED] == []
+    if decoding.TRANSFORMERS_DECODES_GROUPED:
+        assert expanded["sdpa"] == []
+    else:
+        assert len(expanded["sdpa"]) >= 2 * 2
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "bool_per_head", "float_batch1"])
@@ -144,9 +160,9 @@ def test_prefill_scoring_and_training_stay_transformers_own_bit_for_bit(model, t
                 sampler_logprobs=torch.zeros(3, 4), prompt_index=torch.arange(3), texts=[""] * 3,
                 pad_id=tokenizer.pad_token_id)
     out = []
-    for grouped in (False, True):
-        if grouped:
-            use_grouped_attention(model)
+    for switched in (False, True):
+        if switched:
+            grouped(model)
         model.zero_grad()
         logprobs, entropy = response_logprobs(model.train(), r, with_entropy=True)
         (logprobs * response_mask).sum().backward()
@@ -167,7 +183,7 @@ def test_without_the_mask_function_left_padded_rows_would_attend_to_padding(mode
         ref = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
         model.set_attn_implementation("grouped_without_mask_function")
         bad = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-        use_grouped_attention(model.set_attn_implementation("sdpa") or model)
+        grouped(model.set_attn_implementation("sdpa") or model)
         good = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
     assert torch.equal(good, ref)
     assert not torch.allclose(bad[0], ref[0], atol=1e-3) and torch.allclose(bad[1], ref[1], atol=ATOL)
@@ -188,7 +204,7 @@ def test_on_a_cpu_the_sampler_keeps_transformers_attention_and_cache(model, toke
     engine.generate(PROMPTS[:2], n=2, seed=0)
     assert not engine.grouped_decode and model.config._attn_implementation == "sdpa"
     assert set(layers) == {"DynamicLayer"}
-    use_grouped_attention(model)
+    grouped(model)
     model.save_pretrained(tmp_path)
     with open(os.path.join(tmp_path, "config.json")) as fh:
         assert GROUPED not in json.dumps(json.load(fh))
