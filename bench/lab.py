@@ -102,6 +102,9 @@ def summarise(per_seed: list[dict]) -> Stats:
     out.per_seed = per_seed
     for key in per_seed[0]["measures"]:
         vals = [r["measures"][key] for r in per_seed if r["measures"].get(key) == r["measures"].get(key)]
+        if any(math.isinf(v) for v in vals):  # a lag that never came, say: infinite, with no spread to measure
+            out[key] = (statistics.mean(vals), 0.0)
+            continue
         if not vals:
             out[key] = (math.nan, 0.0)
             continue
@@ -334,8 +337,9 @@ def draw(path: str, title: str, panels: list[dict], width: float = 4.6, **subplo
             ax.bar([x + (i - (len(series) - 1) / 2) * w for x in range(len(ticks))], means, w, label=label,
                    yerr=None if ses is None else [se if se == se else 0 for se in ses],
                    color=f"C{i}" if label else [f"C{k}" for k in range(len(means))])
-        if ticks:
-            ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+        if ticks:  # many bars: their labels slanted, so that they do not overlap
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=7, rotation=30 if len(ticks) > 6 else 0,
+                          ha="right" if len(ticks) > 6 else "center")
         if "hline" in p:
             ax.axhline(p["hline"], color="k", lw=0.5, ls=":")
         if p.get("log"):
