@@ -237,7 +237,9 @@ class Config:
     @property
     def train_step_range(self) -> tuple[int, int] | None:
         """(LO, HI) of --train-steps, or None."""
-        return None if self.train_steps is None else parse_steps(self.train_steps, 40 if self.dataset == "builtin-long" else 10)
+        if self.train_steps is None:
+            return None
+        return parse_steps(self.train_steps, 40 if self.dataset == "builtin-long" else 10)
 
     @property
     def eps_high_used(self) -> float:
@@ -412,10 +414,12 @@ def validate(cfg, algorithms: dict):
         (lambda: c.critic_mini_batch_size is None or c.critic_mini_batch_size >= 1, "critic_mini_batch_size",
          "must be >= 1 (or none: the actor's mini-batches)"),
         (lambda: c.critic_mini_batch_size is None or c.batch_size % c.critic_mini_batch_size == 0,
-         "critic_mini_batch_size", f"must divide the batch of prompts_per_step x samples_per_prompt = {c.batch_size} samples"),
+         "critic_mini_batch_size",
+         f"must divide the batch of prompts_per_step x samples_per_prompt = {c.batch_size} samples"),
         (lambda: c.critic_mini_batch_size is None or c.critic_mini_batch_size % c.micro_batch_size == 0,
          "micro_batch_size", f"must divide critic_mini_batch_size = {c.critic_mini_batch_size}"),
-        (lambda: c.critic_epochs is None or c.critic_epochs >= 1, "critic_epochs", "must be >= 1 (or none: ppo_epochs)"),
+        (lambda: c.critic_epochs is None or c.critic_epochs >= 1, "critic_epochs",
+         "must be >= 1 (or none: ppo_epochs)"),
         (lambda: c.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
         (lambda: c.temperature > 0, "temperature", "must be > 0 for training rollouts (PPO needs a stochastic policy)"),
         (lambda: 0 < c.top_p <= 1, "top_p", "must be in (0, 1]"),
@@ -446,11 +450,14 @@ def validate(cfg, algorithms: dict):
          "is a critic, and the group's advantage needs none: use --algo vapo or ppo, without --group-advantage"),
         (lambda: c.critic_oracle is None or not c.dynamic_sampling, "critic_oracle",
          "cannot fit V* on dynamic sampling's batches (they keep only groups of varied rewards: not the policy's)"),
-        (lambda: c.train_steps is None or c.builtin, "train_steps", f"is for the built-in task; got --dataset {c.dataset}"),
+        (lambda: c.train_steps is None or c.builtin, "train_steps",
+         f"is for the built-in task; got --dataset {c.dataset}"),
         (lambda: not c.group_advantage or c.group_size >= 2, "group_advantage",
          "needs groups: group sampling on and samples_per_prompt >= 2 (a group of one has no baseline)"),
-        (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac", "must be in [0, 1] (a share of max_new_tokens)"),
-        (lambda: c.truncated_reward in ("wrong", "graded"), "truncated_reward", "must be wrong or graded"),  # reward.TRUNCATED_REWARDS
+        (lambda: 0 <= c.overlong_cache_frac <= 1, "overlong_cache_frac",
+         "must be in [0, 1] (a share of max_new_tokens)"),
+        (lambda: c.truncated_reward in ("wrong", "graded"), "truncated_reward",  # reward.TRUNCATED_REWARDS
+         "must be wrong or graded"),
         (lambda: 0 < c.gamma <= 1, "gamma", "must be in (0, 1]"),
         (lambda: c.value_clip is None or c.value_clip > 0, "value_clip", "must be > 0 (or none)"),
         (lambda: c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1"),
@@ -464,7 +471,8 @@ def validate(cfg, algorithms: dict):
         (lambda: c.eval_batch_size is None or c.eval_batch_size >= 1, "eval_batch_size", "must be >= 1 (or none)"),
         (lambda: 0 < c.eval_top_p <= 1, "eval_top_p", "must be in (0, 1]"),
         (lambda: c.eval_temperature >= 0, "eval_temperature", "must be >= 0 (0 = greedy)"),
-        (lambda: c.template in ("base", "chat", "chat-brief", "raw"), "template", "must be base, chat, chat-brief or raw"),
+        (lambda: c.template in ("base", "chat", "chat-brief", "raw"), "template",
+         "must be base, chat, chat-brief or raw"),
         (lambda: c.report_to in ("none", "tensorboard", "wandb"), "report_to", "must be none, tensorboard or wandb"),
         (lambda: c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:"), "device",
          "must be auto, cpu or cuda[:N]"),
@@ -517,7 +525,8 @@ def build_parser(cls, algorithms: dict, description: str = "") -> argparse.Argum
                                      argument_default=argparse.SUPPRESS, epilog=epilog)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="named set of defaults, a budget (default: demo without --model, gpu-0.5b with it; "
-                             "paper: the paper's values, 313 rollouts of 512 prompts x 16 samples, its ~5,000 gradient updates)")
+                             "paper: the paper's values, 313 rollouts of 512 prompts x 16 samples, its ~5,000 "
+                             "gradient updates)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last checkpoint, with its saved config "
                              "(options given here, e.g. --steps, override it)")
@@ -607,7 +616,8 @@ def config_from_args(cls, algorithms: dict, argv=None, description: str = "") ->
         log.info("preset %s%s: %d steps of %d prompts x %d samples, responses up to %d tokens (choose with --preset "
                  "%s)", preset, why if preset == "gpu-0.5b" else "", cfg.steps, cfg.prompts_per_step,
                  cfg.samples_per_prompt, cfg.max_new_tokens, "|".join(PRESETS))
-        if preset not in ("demo", "long", "cpu-135m") and not cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        no_gpu = not cfg.device.startswith("cuda") and not torch.cuda.is_available()
+        if preset not in ("demo", "long", "cpu-135m") and no_gpu:
             log.warning("the %s preset (%d samples per step%s) on a machine without a GPU will look like a hang; "
                         "for a small model on a CPU give a smaller budget (--preset cpu-135m: a 135M model's, "
                         "docs/real-model.md; --preset demo is the built-in task's)", preset, cfg.batch_size,
