@@ -370,8 +370,11 @@ def publish(name: str, results: list[dict], out: str, draw, note: str, **fields)
     """Judge the seeds' measures (their mean and SE) against docs/lab.md's written predictions: NAME.json (with
     fields) and NAME.png (draw(results, path)) into out, and the verdicts printed."""
     stats = summarise(results)
+    verdicts = PREDICTIONS[name](stats)
+    if len(results) < 2:  # one seed has no standard error: every difference would look separated
+        verdicts = [(text, "not judged" if verdict == "not judged" else "one seed") for text, verdict in verdicts]
     summary = {"name": name, "date": common.now(), "machine": common.machine(), **fields, "note": note,
-               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": PREDICTIONS[name](stats)}
+               "mean_se": {k: list(v) for k, v in stats.items()}, "verdicts": verdicts}
     common.write_json(os.path.join(out, f"{name}.json"), summary)
     draw(results, os.path.join(out, f"{name}.png"))
     print(f"\nverdicts against docs/lab.md's written predictions{' (' + note + ')' if note else ''}:")

@@ -176,9 +176,12 @@ def pass_at(folder: str, problems: list[dict], k: int = 8) -> float:
 
 
 def measure(name: str, seed: int, out: str) -> dict | None:
-    """One seed's measures of an experiment, or None while one of its runs is unfinished."""
+    """One seed's measures of an experiment's finished runs ("unfinished": the arms left out), or None while none
+    has finished."""
     arms = [(label, folder) for label, folder, _ in runs(name, [seed], out)]
-    if not all(common.finished(folder) for _, folder in arms):
+    unfinished = [label for label, folder in arms if not common.finished(folder)]
+    arms = [(label, folder) for label, folder in arms if label not in unfinished]
+    if not arms:
         return None
     m, curves = {}, {}
     hard = never_solved(out) if name == "credit-hard" else None
@@ -190,7 +193,7 @@ def measure(name: str, seed: int, out: str) -> dict | None:
         if hard is not None:
             m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
         curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in common.rl_steps(common.read_records(folder))]}
-    return {"seed": seed, "measures": m, "curves": curves}
+    return {"seed": seed, "measures": m, "curves": curves, "unfinished": unfinished}
 
 
 def crossing(points: list[tuple[float, float]], level: float) -> float:
@@ -288,14 +291,18 @@ def report(name: str, seeds: list[int], out: str) -> dict | None:
         r = measure(name, seed, out)
         (per_seed.append(r) if r is not None else missing.append(seed))
     if missing:
-        print(f"seeds with unfinished runs (left out): {missing}")
+        print(f"seeds with no finished run (left out): {missing}")
     if not per_seed:
         return None
+    unfinished = {r["seed"]: r["unfinished"] for r in per_seed if r["unfinished"]}
+    if unfinished:
+        print(f"unfinished runs (their arms not measured): {unfinished}")
     if name == "credit":
         add_crossings(per_seed)
+    notes = ["one seed: no standard error, no verdict" if len(per_seed) < 2 else "",
+             f"unfinished runs left out: {unfinished}" if unfinished else ""]
     return publish(name, per_seed, out, draw_credit if name == "credit" else draw_runs,
-                   "one seed: no standard error" if len(per_seed) < 2 else "", seeds=[r["seed"] for r in per_seed],
-                   per_seed=per_seed)
+                   "; ".join(n for n in notes if n), seeds=[r["seed"] for r in per_seed], per_seed=per_seed)
 
 
 # --- calibration: the meter of each critic on the base's held-out responses, before any RL ------------------------

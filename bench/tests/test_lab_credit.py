@@ -91,3 +91,16 @@ def test_the_calibration_at_smoke_size(tmp_path):
         assert s["V* lambda 0|lag_median"][0] == 0 and s["late 3|lag_median"][0] == 3
     assert "smoke run" in summary["note"] and (tmp_path / "credit-calibration.png").exists()
     assert lab.PREDICTIONS["credit-calibration"]
+
+
+def test_one_seed_with_an_unfinished_arm_is_reported_without_verdicts(tmp_path):
+    """A seed whose runs are partly finished: the finished arms measured, the unfinished named in the note, and no
+    verdict (one seed has no standard error, so every difference would look separated)."""
+    for label, folder, _ in lab_credit.runs("credit", [0], str(tmp_path)):
+        if label != "V* lambda 1":
+            write_run(folder, 0.2, 0.3, 0.5)
+    summary = lab_credit.report("credit", [0], str(tmp_path))
+    assert "V* lambda 1" in summary["note"] and "one seed" in summary["note"]
+    assert "V* lambda 0|avg@2_gain" in summary["mean_se"] and "V* lambda 1|avg@2_gain" not in summary["mean_se"]
+    assert {v for _, v in summary["verdicts"]} == {"one seed", "not judged"}
+    assert lab_credit.report("credit", [1], str(tmp_path)) is None  # no run of seed 1 finished
