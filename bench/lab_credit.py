@@ -13,8 +13,11 @@ Every run is `python vapo.py --preset long` with its arm's options (the comparis
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
+import shutil
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
@@ -85,8 +88,63 @@ def runs(name: str, seeds: list[int], out: str) -> list[tuple[str, str, list[str
             for seed in seeds for label, options in RL[name]]
 
 
+def from_pilot(seed: int, out: str) -> bool:
+    """The curve's "V* lambda 0" run of `seed`, made from the pilot's run at the picked lr where the pilot ran that
+    seed (in out's sibling folder credit-pilot): True if made. Their options differ only in the evaluation's size
+    (EVAL), and an evaluation never draws from the training's random streams (vapo.evaluate's fixed seed), so the
+    curve's run would train exactly as the pilot did (checked on seed 0: its first 8 steps' records equal the
+    pilot's to the last digit); its records are the pilot's RL steps with the curve's two evaluations: the start's
+    taken from another finished arm of the seed (the same base, seed and settings: every arm's first evaluation is
+    the same), or made from the base, and the end's made from the pilot's final policy with the curve's config.
+    provenance.json in the folder says so; `lab.py credit --run` without the pilot's folder trains it instead."""
+    label, folder, options = next(r for r in runs("credit", [seed], out) if r[0] == "V* lambda 0")
+    pilot = os.path.join(os.path.dirname(out), "credit-pilot", f"{slug(f'V* lambda 0, lr {ORACLE_LR}')}-s{seed}")
+    if common.finished(folder) or not common.finished(pilot) or common.running(folder) is not None:
+        return False
+    cfg, _, _ = vapo.config_from_args(options)
+    pilot_cfg = common.read_json(os.path.join(pilot, "config.json"))
+    differ = {k for k, v in dataclasses.asdict(cfg).items() if pilot_cfg.get(k) != v}
+    if differ - {"output_dir", "eval_prompts", "eval_sampled_prompts"}:
+        print(f"  {label}: the pilot's options differ in {sorted(differ)}: trained instead", flush=True)
+        return False
+    siblings = [f for arm, f, _ in runs("credit", [seed], out) if arm != label and common.finished(f)]
+    start = next(({k: v for k, v in common.read_records(f)[0].items() if k.startswith("eval/")} for f in siblings),
+                 None) or evaluate_policy(cfg, folder_of(cfg.model))
+    end = evaluate_policy(cfg, os.path.join(pilot, "checkpoint", "policy"))
+    records = common.read_records(pilot)
+    steps = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records
+             if not any(k.startswith("eval/") for k in r)]
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    os.symlink(os.path.abspath(os.path.join(pilot, "checkpoint")), os.path.join(folder, "checkpoint"))
+    common.write_json(os.path.join(folder, "config.json"), dataclasses.asdict(cfg))
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as fh:
+        for r in [{"step": 0, **start}, *steps, {"step": cfg.steps, **end}]:
+            fh.write(json.dumps(r) + "\n")
+    common.write_json(os.path.join(folder, "provenance.json"), {
+        "made_from": pilot, "date": common.now(), "machine": common.machine(),
+        "why": "the same options and seed but the evaluation's size: the same training (bench/lab_credit.py, "
+               "from_pilot); the RL steps' records are the pilot's, both evaluations made with this config"})
+    print(f"  {label}, {folder}: made from the pilot's run {pilot}", flush=True)
+    return True
+
+
+def evaluate_policy(cfg, policy_dir: str) -> dict:
+    """vapo.evaluate of the policy in policy_dir on cfg's held-out problems, as a run of cfg evaluates."""
+    from machinery.data import load_data
+    from machinery.engines import make_engine
+    from machinery.run import verifier_for
+    policy, tokenizer = load_policy(policy_dir, dtype=torch.float32)
+    _, rows = load_data(cfg, tokenizer)
+    return vapo.evaluate(make_engine(cfg, policy, tokenizer, SingleProcess()), rows, cfg, verifier_for(cfg))
+
+
 def run(name: str, seeds: list[int], out: str, jobs: int) -> None:
-    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable)."""
+    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable); the
+    curve's V* lambda 0 made from the pilot's run where it has the seed (from_pilot)."""
+    if name == "credit":
+        for seed in seeds:
+            from_pilot(seed, out)
     todo = runs(name, seeds, out)
     print(f"{common.now()}, {common.machine()}: lab {name}, {len(todo)} runs, {jobs} at a time, into {out}",
           flush=True)
@@ -137,7 +195,6 @@ def validation(folder: str) -> dict:
 
 
 def dataclasses_replace(cfg, **changes):
-    import dataclasses
     return dataclasses.replace(cfg, **changes)
 
 

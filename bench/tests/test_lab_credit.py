@@ -4,6 +4,7 @@ size on the shipped long-chain models."""
 import json
 import math
 import os
+import shutil
 import sys
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import lab  # noqa: E402
 import lab_credit  # noqa: E402
+import common  # noqa: E402
 
 
 def test_every_planned_run_is_a_vapo_py_run_of_its_arm(tmp_path):
@@ -104,3 +106,38 @@ def test_one_seed_with_an_unfinished_arm_is_reported_without_verdicts(tmp_path):
     assert "V* lambda 0|avg@2_gain" in summary["mean_se"] and "V* lambda 1|avg@2_gain" not in summary["mean_se"]
     assert {v for _, v in summary["verdicts"]} == {"one seed", "not judged"}
     assert lab_credit.report("credit", [1], str(tmp_path)) is None  # no run of seed 1 finished
+
+
+def test_the_curves_oracle_run_is_made_from_the_pilots_where_only_the_evaluation_differs(tmp_path, monkeypatch):
+    """from_pilot: the pilot's run at the picked lr (options equal but for the evaluation's size) gives the curve's
+    V* lambda 0 run: the pilot's RL records, the start's evaluation from a finished sibling arm, the end's made from
+    the pilot's final policy with the curve's config; a pilot with another option is trained instead."""
+    import dataclasses
+    out, pilot_out = tmp_path / "credit", tmp_path / "credit-pilot"
+    (label, pilot, options), = [r for r in lab_credit.runs("credit-pilot", [0], str(pilot_out))
+                                if r[0] == f"V* lambda 0, lr {lab_credit.ORACLE_LR}"]
+    write_run(pilot, 0.2, 0.45, 1.0, steps=40)
+    pilot_cfg, _, _ = vapo.config_from_args(options)
+    with open(os.path.join(pilot, "config.json"), "w") as fh:
+        json.dump(dataclasses.asdict(pilot_cfg), fh)
+    grpo = next(f for arm, f, _ in lab_credit.runs("credit", [0], str(out)) if arm == "GRPO token-level")
+    write_run(grpo, 0.25, 0.3, 0.4)
+    seen = []
+    monkeypatch.setattr(lab_credit, "evaluate_policy", lambda cfg, policy_dir: (
+        seen.append((cfg.eval_prompts, cfg.eval_sampled_prompts, policy_dir)),
+        {"eval/acc_avg@2": 0.5, "eval/acc_greedy": 0.6, "eval/pass@2": 0.7})[1])
+    assert lab_credit.from_pilot(0, str(out))
+    folder = next(f for arm, f, _ in lab_credit.runs("credit", [0], str(out)) if arm == "V* lambda 0")
+    assert seen == [(400, 200, os.path.join(pilot, "checkpoint", "policy"))]  # the end only: the start is GRPO's
+    records = common.read_records(folder)
+    assert records[0] == {"step": 0, "eval/acc_avg@2": 0.25, "eval/acc_greedy": 0.25, "eval/pass@2": 0.25}
+    assert records[-1] == {"step": 40, "eval/acc_avg@2": 0.5, "eval/acc_greedy": 0.6, "eval/pass@2": 0.7}
+    assert [r["step"] for r in records[1:-1]] == list(range(1, 41)) and common.finished(folder)
+    assert common.read_json(os.path.join(folder, "config.json"))["eval_prompts"] == 400
+    assert common.read_json(os.path.join(folder, "provenance.json"))["made_from"] == pilot
+    assert not lab_credit.from_pilot(0, str(out))  # made already
+    with open(os.path.join(pilot, "config.json"), "w") as fh:
+        json.dump(dataclasses.asdict(pilot_cfg) | {"actor_lr": 1e-3}, fh)
+    assert not lab_credit.from_pilot(1, str(out))  # no pilot run of seed 1
+    shutil.rmtree(folder)
+    assert not lab_credit.from_pilot(0, str(out))  # another lr: trained instead
