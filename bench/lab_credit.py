@@ -285,20 +285,33 @@ def draw_credit(results: list[dict], path: str) -> None:
     panels = []
     for gain, title in (("avg@2_gain", "avg@2 gain against measured credit"),
                         ("greedy_steps_31-40_gain", "greedy gain at 31-40 steps against credit")):
-        lines = []
+        lines, curve = [], []
         for i, a in enumerate(arms):
             xs = [r["measures"].get(f"{a}|corr", math.nan) for r in results]
             ys = [r["measures"].get(f"{a}|{gain}", math.nan) for r in results]
             mx, my = _mean_se(xs), _mean_se(ys)
             if a in BASELINES and mx[0] != mx[0]:
                 mx = (0.0, 0.0)
-            options = {"label": a, "color": f"C{i % 10}", "xerr": mx[1], "yerr": my[1], "capsize": 2}
+            if my[0] != my[0]:  # not run yet
+                continue
+            color = COLORS[i % len(COLORS)]
+            marker = "o" if a in ORACLES else "s" if a in BASELINES else "^"  # oracle, baseline, learned or + NLL
+            options = {"label": a, "color": color, "marker": marker, "xerr": mx[1], "yerr": my[1], "capsize": 2}
             lines.append(("errorbar", mx[0], my[0], options))
             if a in BASELINES:
-                lines.append(("band", my[0], my[1], {"color": f"C{i % 10}"}))
+                lines.append(("band", my[0], my[1], {"color": color}))
+            if a in ORACLES:
+                curve.append((mx[0], my[0]))
+        if len(curve) > 1:  # the oracles' curve, linear between their means (what the crossings read, per seed)
+            lines.append(("line", [x for x, _ in sorted(curve)], [y for _, y in sorted(curve)], {"color": "0.5"}))
         panels.append({"title": title, "xlabel": "credit/corr (weighted correlation with V*'s A*)",
                        "ylabel": "gain, points", "custom": lines})
-    _draw_points(path, "When a critic pays: gain against measured credit (mean +- SE over seeds)", panels)
+    _draw_points(path, f"When a critic pays: gain against measured credit (mean +- SE over {len(results)} "
+                       f"seed{'s' if len(results) > 1 else ''}; the dashed line joins the oracles)", panels)
+
+
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf", "#000000", "#aec7e8"]  # one per arm of the curve (matplotlib's ten, then black and a pale blue)
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -316,7 +329,9 @@ def _draw_points(path: str, title: str, panels: list[dict]) -> None:
         for kind, x, y, options in p["custom"]:
             if kind == "errorbar":  # an arm: (credit, gain) with their SEs, the gain in points
                 xerr, yerr = options.pop("xerr"), options.pop("yerr")
-                ax.errorbar([x], [100 * y], xerr=[xerr], yerr=[100 * yerr], fmt="o", **options)
+                ax.errorbar([x], [100 * y], xerr=[xerr], yerr=[100 * yerr], linestyle="none", **options)
+            elif kind == "line":  # x, y: lists
+                ax.plot(x, [100 * v for v in y], ls="--", lw=0.8, **options)
             else:  # a baseline's gain: mean +- 2 SE (x the mean, y its SE)
                 ax.axhspan(100 * (x - 2 * y), 100 * (x + 2 * y), alpha=0.15, **options)
         ax.set(xlabel=p["xlabel"], ylabel=p["ylabel"])
