@@ -68,9 +68,9 @@ def step_zero(tmp_path_factory):
     with build_lock(out):
         if not all(os.path.exists(f"{out}/{n}.pt") for n in ("one-16", "one-4", "two-8", "two-4")):
             os.makedirs(out, exist_ok=True)
-            run([sys.executable, "scale/scale/tests/scale_check.py", f"{out}/one", "16", "4"])
+            run([sys.executable, "scale/tests/scale_check.py", f"{out}/one", "16", "4"])
             run([os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
-                 "scale/scale/tests/scale_check.py", f"{out}/two", "8", "4"])
+                 "scale/tests/scale_check.py", f"{out}/two", "8", "4"])
     return {name: torch.load(f"{out}/{name}.pt", weights_only=False) for name in ("one-16", "one-4", "two-8", "two-4")}
 
 
@@ -129,7 +129,7 @@ def test_vllm_weight_sync(tmp_path):
     sync: the update moved them), and vLLM's sampled log-probs equal the policy's recomputed ones within 1e-4
     (measured: at most 2.4e-5, mean 5e-7, float32 on both sides)."""
     out = tmp_path / "vllm.json"
-    run([sys.executable, "scale/scale/tests/vllm_check.py", str(out)])
+    run([sys.executable, "scale/tests/vllm_check.py", str(out)])
     result = json.loads(out.read_text())
     assert result["greedy_equal_before_update"], result
     assert result["update_changed_hf_greedy"] and result["stale_engine_differs"], result  # the sync has work to do
@@ -203,7 +203,7 @@ def test_a_sharded_setup_holds_shards_not_copies(tmp_path):
     before any step adds next to nothing on rank 1 (no optimizer state is made for it, no full state dict
     gathered there). Before sharded loading, loading alone added 2 copies and that checkpoint 2.5 on every rank."""
     out = tmp_path / "memory.json"
-    run([sys.executable, "scale/scale/tests/sharded_memory_check.py", "--sizes", "100", "--out", str(out)], timeout=900)
+    run([sys.executable, "scale/tests/sharded_memory_check.py", "--sizes", "100", "--out", str(out)], timeout=900)
     size = json.loads(out.read_text())["sizes"]["100"]
     copy = size["full_float32_copy_gb"]
     assert size["params"] > 100e6
@@ -300,7 +300,7 @@ def test_sharded_load_keeps_stop_tokens_and_the_sync_gathers_bf16(tmp_path):
     tokenizer.save_pretrained(folder)
     out = tmp_path / "report.json"
     run([os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
-         "scale/scale/tests/sharded_paths_check.py", str(folder), str(out)])
+         "scale/tests/sharded_paths_check.py", str(folder), str(out)])
     report = json.loads(out.read_text())
     assert report["generation_eos"] == [tokenizer.eos_token_id, 7] and 7 in report["eos_token_ids"]
     assert report["saved_generation_eos"] == [tokenizer.eos_token_id, 7]
