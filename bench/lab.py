@@ -384,6 +384,25 @@ def publish(name: str, results: list[dict], out: str, draw, note: str, **fields)
     return summary
 
 
+def publish_seeds(name: str, args, out: str, make, sizes: dict, draw) -> dict | None:
+    """An experiment without RL runs: each seed's record out/NAME-sSEED.json, made by make(args, seed) where it is
+    missing (kept where it is not; with --report, nothing is made), then judged over the seeds (publish), noting a
+    smoke run below the written sizes (sizes: {option: (written default, help)})."""
+    per_seed = []
+    for seed in args.seeds:
+        path = os.path.join(out, f"{name}-s{seed}.json")
+        if not os.path.exists(path):
+            if args.report:
+                continue
+            common.write_json(path, make(args, seed))
+        per_seed.append(common.read_json(path))
+    if not per_seed:
+        return None
+    small = any(getattr(args, k) < d for k, (d, _) in sizes.items())
+    return publish(name, per_seed, out, draw, "a smoke run below the written sizes" if small else "",
+                   seeds=[r["seed"] for r in per_seed], sizes={k: getattr(args, k) for k in sizes})
+
+
 def main(argv=None):
     from lab_analyses import ANALYSES, SIZES, run_analysis  # imported here, not at the top: both import this module
     from lab_credit import CALIBRATION_SIZES, RL as CREDIT_RL, print_runs, report, run, run_calibration

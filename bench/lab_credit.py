@@ -28,7 +28,7 @@ import config
 import vapo
 from common import fitted_exact, folder_of, held_out, sample_set
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards
-from lab import LENGTH_BAND_NAMES, STEP_BANDS, draw, publish
+from lab import LENGTH_BAND_NAMES, STEP_BANDS, draw, publish, publish_seeds
 from losses import explained_variance, masked_whiten
 from machinery import exact_values, task
 from machinery.engines import HFEngine
@@ -470,20 +470,7 @@ CALIBRATION_SIZES = {"prompts": (100, "held-out problems"), "group": (8, "sample
 def run_calibration(args, out: str) -> dict | None:
     """credit-calibration: each seed's measures (out/credit-calibration-sSEED.json), then judged over seeds."""
     args.out = out
-    per_seed = []
-    for seed in args.seeds:
-        path = os.path.join(out, f"credit-calibration-s{seed}.json")
-        if not os.path.exists(path):
-            if args.report:
-                continue
-            common.write_json(path, calibration(args, seed))
-        per_seed.append(common.read_json(path))
-    if not per_seed:
-        return None
-    small = any(getattr(args, k) < d for k, (d, _) in CALIBRATION_SIZES.items())
-    return publish("credit-calibration", per_seed, out, draw_calibration,
-                   "a smoke run below the written sizes" if small else "", seeds=[r["seed"] for r in per_seed],
-                   sizes={k: getattr(args, k) for k in CALIBRATION_SIZES})
+    return publish_seeds("credit-calibration", args, out, calibration, CALIBRATION_SIZES, draw_calibration)
 
 
 def draw_calibration(results: list[dict], path: str) -> None:

@@ -14,19 +14,18 @@ preset's critic settings (lab_analyses.fit_critic's: mini-batches of 16, lr 3e-4
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from types import SimpleNamespace
 
 import torch
 from transformers import AutoModelForTokenClassification
 
-import common  # (puts the repository on the path)
+import common  # noqa: F401  (puts the repository on the path)
 import config
 import vapo
 from common import fitted_exact, folder_of, held_out, sample_set
 from gae import gae, length_adaptive_lambda, terminal_rewards
-from lab import draw, publish
+from lab import draw, publish_seeds
 from losses import explained_variance, masked_whiten
 from machinery import exact_values, task
 from machinery.exact_values import credit_figures, first_error_tokens
@@ -205,19 +204,7 @@ def critic_fits(args, seed: int) -> dict:
 
 def run_critic_fits(args, out: str) -> dict | None:
     """critic-fits: each seed's table (out/critic-fits-sSEED.json), then judged over seeds."""
-    per_seed = []
-    for seed in args.seeds:
-        path = os.path.join(out, f"critic-fits-s{seed}.json")
-        if not os.path.exists(path):
-            if args.report:
-                continue
-            common.write_json(path, critic_fits(args, seed))
-        per_seed.append(common.read_json(path))
-    if not per_seed:
-        return None
-    small = any(getattr(args, k) < d for k, (d, _) in SIZES.items())
-    return publish("critic-fits", per_seed, out, draw_fits, "a smoke run below the written sizes" if small else "",
-                   seeds=[r["seed"] for r in per_seed], sizes={k: getattr(args, k) for k in SIZES})
+    return publish_seeds("critic-fits", args, out, critic_fits, SIZES, draw_fits)
 
 
 def draw_fits(results: list[dict], path: str) -> None:
