@@ -159,12 +159,18 @@ def evaluate_again(run_dir: str) -> dict:
     """The final held-out evaluation of a finished run, made again from its checkpoint's policy with the
     run's options: its sampling seed is fixed, so on the same machine it draws the same responses."""
     import vapo
+    cfg = vapo.Config(**read_json(os.path.join(run_dir, "config.json")))
+    return evaluate_policy(cfg, os.path.join(run_dir, "checkpoint", "policy"))
+
+
+def evaluate_policy(cfg, policy_dir: str) -> dict:
+    """vapo.evaluate of the policy in policy_dir on cfg's held-out problems, as a run of cfg evaluates."""
+    import vapo
     from machinery.data import load_data
     from machinery.engines import make_engine
     from machinery.models import SingleProcess
     from machinery.run import verifier_for
-    cfg = vapo.Config(**read_json(os.path.join(run_dir, "config.json")))
-    policy, tokenizer = load_policy(os.path.join(run_dir, "checkpoint", "policy"), dtype=torch.float32)
+    policy, tokenizer = load_policy(policy_dir, dtype=torch.float32)
     _, held_out = load_data(cfg, tokenizer)
     engine = make_engine(cfg, policy, tokenizer, SingleProcess())
     return vapo.evaluate(engine, held_out, cfg, verifier_for(cfg))

@@ -26,7 +26,7 @@ import torch
 import common  # (puts the repository on the path)
 import config
 import vapo
-from common import fitted_exact, folder_of, held_out, sample_set
+from common import evaluate_policy, fitted_exact, folder_of, held_out, sample_set
 from gae import gae, group_advantage, length_adaptive_lambda, terminal_rewards
 from lab import LENGTH_BAND_NAMES, STEP_BANDS, draw, publish, publish_seeds
 from losses import explained_variance, masked_whiten
@@ -127,16 +127,6 @@ def from_pilot(seed: int, out: str) -> bool:
                "from_pilot); the RL steps' records are the pilot's, both evaluations made with this config"})
     print(f"  {label}, {folder}: made from the pilot's run {pilot}", flush=True)
     return True
-
-
-def evaluate_policy(cfg, policy_dir: str) -> dict:
-    """vapo.evaluate of the policy in policy_dir on cfg's held-out problems, as a run of cfg evaluates."""
-    from machinery.data import load_data
-    from machinery.engines import make_engine
-    from machinery.run import verifier_for
-    policy, tokenizer = load_policy(policy_dir, dtype=torch.float32)
-    _, rows = load_data(cfg, tokenizer)
-    return vapo.evaluate(make_engine(cfg, policy, tokenizer, SingleProcess()), rows, cfg, verifier_for(cfg))
 
 
 def run(name: str, seeds: list[int], out: str, jobs: int) -> None:
