@@ -71,9 +71,12 @@ def judge(stat, lo=None, hi=None) -> str:
 
 
 def combine(verdicts: list[str]) -> str:
-    """All confirmed -> confirmed; any falsified -> falsified; else not separated."""
+    """All confirmed -> confirmed; any falsified -> falsified; any judged on one seed -> one seed; else not
+    separated."""
     if "falsified" in verdicts:
         return "falsified"
+    if "one seed" in verdicts:
+        return "one seed"
     if verdicts and all(v == "confirmed" for v in verdicts):
         return "confirmed"
     return "not separated"
@@ -85,6 +88,8 @@ def check(s: dict, keys, lo=None, hi=None) -> str:
     if isinstance(keys, list):
         return combine([check(s, k, lo, hi) for k in keys])
     stat = _diff(s, *keys) if isinstance(keys, tuple) else s.get(keys, (math.nan, 0.0))
+    if _seeds(s, keys) == 1 and stat[0] == stat[0]:  # measured on one seed only: no SE, so no verdict
+        return "one seed"
     if lo == "no difference":
         verdict = judge(stat, 0, 0)
         return verdict if verdict in ("not measured", "falsified") else "confirmed"
@@ -96,12 +101,22 @@ class Stats(dict):
     per_seed: list[dict] = []
 
 
+def _seeds(s: dict, keys) -> int | None:
+    """How many seeds measured a key of s, or both sides of a paired difference (a, b); None without per_seed."""
+    per_seed = getattr(s, "per_seed", [])
+    if not per_seed:
+        return None
+    keys = keys if isinstance(keys, tuple) else (keys,)
+    return sum(all(r["measures"].get(k, math.nan) == r["measures"].get(k, math.nan) for k in keys) for r in per_seed)
+
+
 def summarise(per_seed: list[dict]) -> Stats:
-    """{measure: (mean, standard error over seeds)} of the seeds' "measures" (NaN ones left out; SE 0 for one)."""
+    """{measure: (mean, standard error over seeds)} of the seeds' "measures" (NaN or absent ones left out: a seed may
+    lack an arm; SE 0 for one)."""
     out = Stats()
     out.per_seed = per_seed
-    for key in per_seed[0]["measures"]:
-        vals = [r["measures"][key] for r in per_seed if r["measures"].get(key) == r["measures"].get(key)]
+    for key in dict.fromkeys(k for r in per_seed for k in r["measures"]):
+        vals = [r["measures"][key] for r in per_seed if r["measures"].get(key, math.nan) == r["measures"].get(key)]
         if any(math.isinf(v) for v in vals):  # a lag that never came, say: infinite, with no spread to measure
             out[key] = (statistics.mean(vals), 0.0)
             continue
@@ -429,6 +444,8 @@ def main(argv=None):
         if name in CREDIT_RL:
             p.add_argument("--run", action="store_true", help="run them (resumable), then judge them")
             p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+            p.add_argument("--kept", metavar="DIR", help="a folder of kept per-seed records NAME-sSEED.json (docs/lab "
+                           "keeps the published ones): their arms are measured, not run again")
         if name in RL_JUDGES:
             p.add_argument("--extension", action="store_true", help="also the page's extension arms")
             p.add_argument("--run", action="store_true", help="run them (resumable), then judge them")
@@ -443,8 +460,10 @@ def main(argv=None):
         return run_critic_fits(args, out)
     if args.name in CREDIT_RL:
         if args.run:
-            run(args.name, args.seeds, out, args.jobs)
-        return report(args.name, args.seeds, out) if args.run or args.report else print_runs(args.name, args.seeds, out)
+            run(args.name, args.seeds, out, args.jobs, args.kept)
+        if args.run or args.report:
+            return report(args.name, args.seeds, out, args.kept)
+        return print_runs(args.name, args.seeds, out)
     if args.run:
         run_rl(args.name, args.seeds, out, args.extension, args.jobs)
     if args.run or args.report:

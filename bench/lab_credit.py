@@ -129,13 +129,22 @@ def from_pilot(seed: int, out: str) -> bool:
     return True
 
 
-def run(name: str, seeds: list[int], out: str, jobs: int) -> None:
-    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable); the
-    curve's V* lambda 0 made from the pilot's run where it has the seed (from_pilot)."""
+def run(name: str, seeds: list[int], out: str, jobs: int, kept: str | None = None) -> None:
+    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable), but those
+    whose arm a kept record of its seed already measured (kept_record); the curve's V* lambda 0 made from the
+    pilot's run where it has the seed (from_pilot)."""
+    done = set()
+    for seed in seeds:
+        record, path = kept_record(name, seed, out, kept)
+        arms = set(record["curves"]) - set(record.get("unfinished", [])) if record else set()
+        if arms:
+            print(f"  seed {seed}: {len(arms)} arms measured in {path}, not run again", flush=True)
+        done |= {(seed, a) for a in arms}
     if name == "credit":
         for seed in seeds:
-            from_pilot(seed, out)
-    todo = runs(name, seeds, out)
+            if (seed, "V* lambda 0") not in done:
+                from_pilot(seed, out)
+    todo = [r for seed in seeds for r in runs(name, [seed], out) if (seed, r[0]) not in done]
     print(f"{common.now()}, {common.machine()}: lab {name}, {len(todo)} runs, {jobs} at a time, into {out}",
           flush=True)
     with ThreadPoolExecutor(jobs) as pool:
@@ -222,25 +231,56 @@ def pass_at(folder: str, problems: list[dict], k: int = 8) -> float:
     return value
 
 
-def measure(name: str, seed: int, out: str) -> dict | None:
+def kept_record(name: str, seed: int, out: str, kept: str | None = None) -> tuple[dict | None, str | None]:
+    """A seed's kept record NAME-sSEED.json (what measure wrote: each finished arm's measures and credit curve), from
+    out or else from the folder `kept` (--kept: docs/lab keeps the published ones, since run folders are not
+    committed), and its path; (None, None) if there is none."""
+    for folder in (out, kept) if kept else (out,):
+        path = os.path.join(folder, f"{name}-s{seed}.json")
+        if os.path.exists(path):
+            record = common.read_json(path)
+            if record.get("seed") != seed or not isinstance(record.get("measures"), dict):
+                raise ValueError(f"{path}: not a per-seed record of seed {seed} (keys seed, measures, curves)")
+            return record, path
+    return None, None
+
+
+def measure(name: str, seed: int, out: str, kept: str | None = None) -> dict | None:
     """One seed's measures of an experiment's finished runs ("unfinished": the arms left out), or None while none
-    has finished."""
+    has finished. An arm whose run folder is not finished here is taken from the seed's kept record (kept_record:
+    run folders do not outlive a machine, the records in docs/lab do), its source named in "sources"; the merged
+    record is written to out/NAME-sSEED.json."""
     arms = [(label, folder) for label, folder, _ in runs(name, [seed], out)]
-    unfinished = [label for label, folder in arms if not common.finished(folder)]
-    arms = [(label, folder) for label, folder in arms if label not in unfinished]
-    if not arms:
-        return None
-    m, curves = {}, {}
-    hard = never_solved(out) if name == "credit-hard" else None
+    record, path = kept_record(name, seed, out, kept)
+    kept_arms = set(record["curves"]) - set(record.get("unfinished", [])) if record else set()
+    m, curves, sources = {}, {}, {}
+    hard = None
     for label, folder in arms:
-        m |= run_measures(folder, label)
-        if name == "credit-pilot":
-            v = validation(folder)
-            m[f"{label}|validation"] = (v["greedy"] + v["avg@2"]) / 2
-        if hard is not None:
-            m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
-        curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in common.rl_steps(common.read_records(folder))]}
-    return {"seed": seed, "measures": m, "curves": curves, "unfinished": unfinished}
+        if common.finished(folder):
+            if name == "credit-hard" and hard is None:
+                hard = never_solved(out)
+            m |= run_measures(folder, label)
+            if name == "credit-pilot":
+                v = validation(folder)
+                m[f"{label}|validation"] = (v["greedy"] + v["avg@2"]) / 2
+            if hard is not None:
+                m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
+            steps = common.rl_steps(common.read_records(folder))
+            curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in steps]}
+            sources[label] = {"run": folder, "measured": common.now(), "machine": common.machine()}
+        elif label in kept_arms:
+            m |= {k: v for k, v in record["measures"].items() if k.split("|")[0] == label}
+            curves[label] = record["curves"][label]
+            sources[label] = record.get("sources", {}).get(label) or {"record": path}
+    if not curves:
+        return None
+    unfinished = [label for label, _ in arms if label not in curves]
+    kept_here = [label for label, folder in arms if label in curves and not common.finished(folder)]
+    if kept_here:
+        print(f"  seed {seed}: {', '.join(kept_here)} from the kept record {path}", flush=True)
+    record = {"seed": seed, "measures": m, "curves": curves, "unfinished": unfinished, "sources": sources}
+    common.write_json(os.path.join(out, f"{name}-s{seed}.json"), record)
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in record.items()}
 
 
 def crossing(points: list[tuple[float, float]], level: float) -> float:
@@ -259,10 +299,13 @@ def crossing(points: list[tuple[float, float]], level: float) -> float:
 
 def add_crossings(per_seed: list[dict]) -> None:
     """Each seed's credit at which the oracles' curve (gain of avg@2 against credit/corr) reaches GRPO's and NLL
-    only's gain: `crossing|BASELINE` in its measures (so the mean and SE are over seeds)."""
+    only's gain: `crossing|BASELINE` in its measures (so the mean and SE are over seeds); none for a seed that lacks
+    an oracle."""
     for r in per_seed:
         m = r["measures"]
         points = [(m[f"{a}|corr"], m[f"{a}|avg@2_gain"]) for a in ORACLES if f"{a}|corr" in m]
+        if len(points) < len(ORACLES):  # a seed without all its oracles has no curve to cross
+            continue
         for b in BASELINES:
             if f"{b}|avg@2_gain" in m:
                 m[f"crossing|{b}"] = crossing(points, m[f"{b}|avg@2_gain"])
@@ -346,11 +389,12 @@ def draw_runs(results: list[dict], path: str) -> None:
     draw(path, "credit/corr over the RL steps", [{"title": "credit/corr", "xlabel": "RL step", "lines": lines}])
 
 
-def report(name: str, seeds: list[int], out: str) -> dict | None:
-    """Judge an experiment's finished seeds against docs/lab.md's written predictions (lab.publish)."""
+def report(name: str, seeds: list[int], out: str, kept: str | None = None) -> dict | None:
+    """Judge an experiment's finished seeds (their runs in out, or their kept records: measure) against docs/lab.md's
+    written predictions (lab.publish)."""
     per_seed, missing = [], []
     for seed in seeds:
-        r = measure(name, seed, out)
+        r = measure(name, seed, out, kept)
         (per_seed.append(r) if r is not None else missing.append(seed))
     if missing:
         print(f"seeds with no finished run (left out): {missing}")

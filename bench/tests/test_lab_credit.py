@@ -141,3 +141,39 @@ def test_the_curves_oracle_run_is_made_from_the_pilots_where_only_the_evaluation
     assert not lab_credit.from_pilot(1, str(out))  # no pilot run of seed 1
     shutil.rmtree(folder)
     assert not lab_credit.from_pilot(0, str(out))  # another lr: trained instead
+
+
+def test_a_kept_record_stands_for_run_folders_that_are_gone(tmp_path, monkeypatch):
+    """Seed 0 kept as a record (its run folders gone), seed 1 with two arms run: the report measures both seeds, a
+    difference measured on one seed only gets no verdict, and --run runs only what no record has measured."""
+    kept, out = tmp_path / "kept", tmp_path / "out"
+    gains = {"V* lambda 0": 0.30, "GRPO token-level": 0.10}
+    for label, folder, _ in lab_credit.runs("credit", [0], str(tmp_path / "gone")):
+        write_run(folder, 0.2, 0.2 + gains.get(label, 0.2), 0.5)
+    lab_credit.measure("credit", 0, str(tmp_path / "gone"))  # writes gone/credit-s0.json
+    kept.mkdir()
+    shutil.copy(tmp_path / "gone" / "credit-s0.json", kept / "credit-s0.json")
+    shutil.rmtree(tmp_path / "gone")
+    for label, folder, _ in lab_credit.runs("credit", [1], str(out)):
+        if label in gains:
+            write_run(folder, 0.2, 0.2 + gains[label] + 0.01, 0.5)
+    summary = lab_credit.report("credit", [0, 1], str(out), str(kept))
+    assert summary["seeds"] == [0, 1]
+    verdicts = dict(summary["verdicts"])
+    assert verdicts["1. V* at lambda 0 (no NLL) gains more avg@2 than token-level GRPO"] == "confirmed"
+    assert verdicts["2. ... and more than the NLL alone (self-imitation)"] == "one seed"  # NLL only: seed 0 only
+    assert summary["mean_se"]["NLL only|avg@2_gain"] == [pytest.approx(0.2), 0.0]
+    assert "crossing|GRPO token-level" in summary["mean_se"]  # seed 0 has every oracle; seed 1 has no curve
+    record = json.loads((out / "credit-s0.json").read_text())  # the kept record, written where the runs go
+    assert record["sources"]["NLL only"]["run"].endswith("nll-only-s0") and record["unfinished"] == []
+    seed1 = json.loads((out / "credit-s1.json").read_text())
+    assert set(seed1["curves"]) == set(gains) and len(seed1["unfinished"]) == len(lab_credit.CURVE_ARMS) - 2
+    ran = []
+    monkeypatch.setattr(common, "run_vapo", lambda label, args, folder: ran.append(folder))
+    lab_credit.run("credit", [0, 1], str(out), 1, str(kept))
+    assert len(ran) == len(lab_credit.CURVE_ARMS) - 2 and all(f.endswith("-s1") for f in ran)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "credit-s2.json").write_text(json.dumps({"seed": 3}))
+    with pytest.raises(ValueError, match="not a per-seed record of seed 2"):
+        lab_credit.measure("credit", 2, str(out), str(bad))
