@@ -167,10 +167,15 @@ def run_measures(folder: str, prefix: str) -> dict:
         start, end = (evals[i].get(f"eval/{key}", math.nan) for i in (0, -1))
         m[f"{prefix}|{key.removeprefix('acc_')}_end"], m[f"{prefix}|{key.removeprefix('acc_')}_gain"] = end, end - start
     keys = ["credit/corr", "credit/first_error", "credit/fail_share", "credit/step_kl", "groups_all_same",
-            *[f"credit/corr|{b}" for b in LENGTH_BAND_NAMES]]
+            *[f"credit/corr|{b}" for b in LENGTH_BAND_NAMES],
+            # the critic's own gauges, beside the meter (critic arms only): explained variance of the return, of V*
+            # (ev_critic_exact), and of the group mean and the step-count floor; the response length, the entropy
+            "explained_variance", "ev_critic_exact", "ev_exact", "ev_group_baseline", "ev_floor", "response_len",
+            "entropy"]
     for key in keys:
         values = [r[key] for r in steps if r.get(key) == r.get(key) and key in r]
-        m[f"{prefix}|{key.removeprefix('credit/')}"] = statistics.mean(values) if values else math.nan
+        if values or key.startswith("credit/") or key == "groups_all_same":  # a critic's gauge only where measured
+            m[f"{prefix}|{key.removeprefix('credit/')}"] = statistics.mean(values) if values else math.nan
     first = [r.get("groups_all_same", math.nan) for r in steps[:5]]
     m[f"{prefix}|all_same_first5"] = statistics.mean(first) if first else math.nan
     return m
@@ -266,7 +271,10 @@ def measure(name: str, seed: int, out: str, kept: str | None = None) -> dict | N
             if hard is not None:
                 m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
             steps = common.rl_steps(common.read_records(folder))
-            curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in steps]}
+            curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in steps],
+                             "first_error": [r.get("credit/first_error", math.nan) for r in steps],
+                             **({"ev_critic_exact": [r.get("ev_critic_exact", math.nan) for r in steps]}
+                                if any("ev_critic_exact" in r for r in steps) else {})}
             sources[label] = {"run": folder, "measured": common.now(), "machine": common.machine()}
         elif label in kept_arms:
             m |= {k: v for k, v in record["measures"].items() if k.split("|")[0] == label}
