@@ -169,8 +169,9 @@ def run_measures(folder: str, prefix: str) -> dict:
     keys = ["credit/corr", "credit/first_error", "credit/fail_share", "credit/step_kl", "groups_all_same",
             *[f"credit/corr|{b}" for b in LENGTH_BAND_NAMES],
             # the critic's own gauges, beside the meter (critic arms only): explained variance of the return, of V*
-            # (ev_critic_exact), and of the group mean and the step-count floor; the response length, the entropy
-            "explained_variance", "ev_critic_exact", "ev_exact", "ev_group_baseline", "ev_floor", "response_len",
+            # (ev_critic_exact), of V* inside responses (ev_critic_within), and of the group mean and the step-count
+            # floor; the response length, the entropy
+            "explained_variance", "ev_critic_exact", "ev_critic_within", "ev_exact", "ev_group_baseline", "ev_floor", "response_len",
             "entropy"]
     for key in keys:
         values = [r[key] for r in steps if r.get(key) == r.get(key) and key in r]

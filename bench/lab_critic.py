@@ -145,15 +145,18 @@ def fit(critic, parts: list[dict], targets: str, at: tuple, look) -> dict:
 
 
 def scores(critic, ref: dict) -> dict:
-    """A critic on the held-out reference set: EV of the return; the meter (whitened advantages) at lambda 0 and at
-    the preset's lambda; its detection lag (lab_credit.detection_lags)."""
+    """A critic on the held-out reference set: EV of the return, of V* and of V* inside responses (their levels
+    taken out: exact_values.within_response); the meter (whitened advantages) at lambda 0 and at the preset's lambda;
+    its detection lag (lab_credit.detection_lags)."""
     from lab_credit import detection_lags
     rollout, rewards, mask = ref["rollout"], ref["rewards"], ref["rollout"].response_mask
     with torch.no_grad():
         values = score_rollout(None, critic, rollout, 8)["values"]
     returns = terminal_rewards(rewards, mask).flip(1).cumsum(1).flip(1)  # the Monte-Carlo return at each token
     out = {"ev": explained_variance(values, returns, mask),
-           "ev_of_star": explained_variance(values, ref["star"], mask)}
+           "ev_of_star": explained_variance(values, ref["star"], mask),
+           "ev_of_star_within": explained_variance(exact_values.within_response(values, mask),
+                                                   exact_values.within_response(ref["star"], mask), mask)}
     for name, lam in (("lambda0", 0.0), ("preset", length_adaptive_lambda(rollout.lengths, ALPHA))):
         advantages, _ = gae(terminal_rewards(rewards, mask), values, mask, lam=lam)
         batch = SimpleNamespace(cfg=ref["cfg"], rollout=rollout, advantages=masked_whiten(advantages, mask),

@@ -218,6 +218,9 @@ class ExactReference:
         ev_floor        explained variance of the return by the step-count floor (a lookup of the prompt's steps)
         ev_exact        by V*, the exact values of the current policy (what no critic beats in expectation)
         ev_critic_exact 1 - Var(V* - V) / Var(V*): the share of V*'s variance the critic explains
+        ev_critic_within the same inside responses (within_response: each response's own mean taken from V* and V):
+                        whether V moves where V* moves along a response, which is what credit is made of, apart from
+                        the response's level (its prompt's difficulty, which the floor and a group's mean also know)
     the credit meter, each RL step's advantages against V*'s exact ones, critic or not (credit_figures: credit/...),
     and the step's KL from the policy that sampled it (credit/step_kl, after the update).
 
@@ -236,7 +239,9 @@ class ExactReference:
                 floor = self.exact.floor_values(rollout, batch.problems)
                 out = {"ev_floor": explained_variance(floor, batch.returns, mask),
                        "ev_exact": explained_variance(star, batch.returns, mask),
-                       "ev_critic_exact": explained_variance(batch.values, star, mask)}
+                       "ev_critic_exact": explained_variance(batch.values, star, mask),
+                       "ev_critic_within": explained_variance(within_response(batch.values, mask),
+                                                              within_response(star, mask), mask)}
             out |= credit_figures(batch, star, first_error_tokens(rollout, batch.problems, self.tokenizer))
         self.exact.observe(rollout.texts, batch.problems, batch.rewards)
         return out
@@ -256,6 +261,13 @@ class ExactReference:
 
     def load_state_dict(self, state: dict):
         self.exact.batches = state["batches"]
+
+
+def within_response(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] x less each response's own mean over its tokens (0 under the mask): what varies along a response."""
+    mask = mask.to(x.dtype)
+    mean = (x * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # [B, 1]
+    return (x - mean) * mask
 
 
 # --- the credit meter ---------------------------------------------------------------------------------------------

@@ -71,6 +71,19 @@ def batch_of(advantages, verdicts, mask, old_logprobs=None, cfg=None, values=Non
                            values=values)
 
 
+def test_within_response_takes_each_responses_level_out():
+    """A critic that knows each response's level but not its moves explains V*'s variance, none of it inside."""
+    star = torch.tensor([[0.5, 0.5, -1.0, 0.0], [0.9, 0.9, 0.9, 0.9]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    level = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.9, 0.9, 0.9, 0.9]])  # each response's own mean of V*
+    within = exact_values.within_response(star, mask)
+    assert within[0, :3].tolist() == pytest.approx([0.5, 0.5, -1.0]) and within[0, 3] == 0  # row 0's mean is 0
+    assert within[1].abs().sum() == 0
+    from losses import explained_variance
+    assert explained_variance(level, star, mask) > 0.4  # the levels: about half of this V*'s variance
+    assert explained_variance(exact_values.within_response(level, mask), within, mask) == pytest.approx(0.0)
+
+
 def test_the_meter_on_a_hand_made_batch():
     """Advantages equal to A* correlate 1 with it; a first wrong token with a negative advantage is blamed (negative
     credit/first_error); GRPO's group advantage puts no weight on an all-fail group; the NLL's weight sits on correct
@@ -189,6 +202,7 @@ def test_an_oracle_run_builds_no_critic_and_logs_its_credit(tmp_path, spec):
     assert all(-1 <= r["credit/corr"] <= 1 and r["credit/step_kl"] > 0 for r in records)
     if spec == "exact":
         assert all(r["ev_critic_exact"] == pytest.approx(1.0, abs=1e-6) for r in records)
+        assert all(r["ev_critic_within"] == pytest.approx(1.0, abs=1e-6) for r in records)  # inside responses too
 
 
 def test_a_run_without_a_critic_logs_the_meter_and_trains_on_the_steps_asked(tmp_path):

@@ -196,7 +196,7 @@ def test_the_judge_measures_the_critic_on_what_it_saw_before(tiny_model_dir, tmp
     """On the built-in task the RL records carry the floor's, V*'s and the critic's fit to V*, each fitted on the
     batches before (value pretraining's rollouts count; without it the first step has nothing seen yet), and the
     teaching views draw V* beside V(s_t) once it is known; GRPO has no critic to judge."""
-    keys = {"ev_floor", "ev_exact", "ev_critic_exact"}
+    keys = {"ev_floor", "ev_exact", "ev_critic_exact", "ev_critic_within"}
     run_dir = vapo.train(tiny_config(tiny_model_dir, tmp_path / "run", steps=1, value_pretrain_steps=1))
     steps = [r for r in read_metrics(run_dir) if "train_acc" in r and "step" in r]
     assert keys <= set(steps[0])

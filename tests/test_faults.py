@@ -52,7 +52,7 @@ def records(run_dir):
 # (Var[R] = 0), groups_all_same without groups (G = 1), the credit meter's where there is nothing to measure (no
 # wrong response, advantages all 0). Every other logged number is finite.
 UNDEFINED_AS_NAN = ("explained_variance", "ev_first_tenth", "ev_rest", "groups_all_same", "ev_floor", "ev_exact",
-                    "ev_critic_exact", "ev_group_baseline")
+                    "ev_critic_exact", "ev_critic_within", "ev_group_baseline")
 
 
 def not_finite(record):
