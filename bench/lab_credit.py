@@ -171,8 +171,8 @@ def run_measures(folder: str, prefix: str) -> dict:
             # the critic's own gauges, beside the meter (critic arms only): explained variance of the return, of V*
             # (ev_critic_exact), of V* inside responses (ev_critic_within), and of the group mean and the step-count
             # floor; the response length, the entropy
-            "explained_variance", "ev_critic_exact", "ev_critic_within", "ev_exact", "ev_group_baseline", "ev_floor", "response_len",
-            "entropy"]
+            "explained_variance", "ev_critic_exact", "ev_critic_within", "ev_exact", "ev_group_baseline", "ev_floor",
+            "response_len", "entropy"]
     for key in keys:
         values = [r[key] for r in steps if r.get(key) == r.get(key) and key in r]
         if values or key.startswith("credit/") or key == "groups_all_same":  # a critic's gauge only where measured
@@ -398,6 +398,34 @@ def draw_runs(results: list[dict], path: str) -> None:
     draw(path, "credit/corr over the RL steps", [{"title": "credit/corr", "xlabel": "RL step", "lines": lines}])
 
 
+TABLE = [("credit/corr over RL", "corr", 1, 3), ("credit at the first error (sd)", "first_error", 1, 2),
+         ("|A| on all-fail groups", "fail_share", 1, 2), ("avg@2 gain", "avg@2_gain", 100, 1),
+         ("greedy gain", "greedy_gain", 100, 1), ("pass@2 gain", "pass@2_gain", 100, 1),
+         ("greedy gain, 31-40 steps", "greedy_steps_31-40_gain", 100, 1),
+         ("critic's EV of V*", "ev_critic_exact", 1, 2), ("... inside responses", "ev_critic_within", 1, 2)]
+
+
+def table(name: str, per_seed: list[dict]) -> str:
+    """The experiment's markdown table: each arm's measures, mean +- SE over the seeds that ran it (their number
+    beside the arm), gains in points; "-" where an arm has no such measure."""
+    rows = ["| arm (seeds) | " + " | ".join(h.replace("|", "\\|") for h, *_ in TABLE) + " |",
+            "|---" * (len(TABLE) + 1) + "|"]
+    for arm, _ in RL[name]:
+        ran = [r for r in per_seed if arm in r.get("curves", {})]
+        if not ran:
+            continue
+        cells = []
+        for _, key, scale, digits in TABLE:
+            v = [r["measures"][f"{arm}|{key}"] * scale for r in ran
+                 if r["measures"].get(f"{arm}|{key}", math.nan) == r["measures"].get(f"{arm}|{key}")]
+            mean, se = _mean_se(v)
+            sign = "+" if scale == 100 else ""
+            cells.append("-" if not v else f"{mean:{sign}.{digits}f}" + (f" +- {se:.{digits}f}" if len(v) > 1 else ""))
+        seeds = ",".join(str(r["seed"]) for r in ran)
+        rows.append(f"| {arm.replace('*', chr(92) + '*')} ({seeds}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def report(name: str, seeds: list[int], out: str, kept: str | None = None) -> dict | None:
     """Judge an experiment's finished seeds (their runs in out, or their kept records: measure) against docs/lab.md's
     written predictions (lab.publish)."""
@@ -416,8 +444,13 @@ def report(name: str, seeds: list[int], out: str, kept: str | None = None) -> di
         add_crossings(per_seed)
     notes = ["one seed: no standard error, no verdict" if len(per_seed) < 2 else "",
              f"unfinished runs left out: {unfinished}" if unfinished else ""]
-    return publish(name, per_seed, out, draw_credit if name == "credit" else draw_runs,
-                   "; ".join(n for n in notes if n), seeds=[r["seed"] for r in per_seed], per_seed=per_seed)
+    summary = publish(name, per_seed, out, draw_credit if name == "credit" else draw_runs,
+                      "; ".join(n for n in notes if n), seeds=[r["seed"] for r in per_seed], per_seed=per_seed)
+    if name != "credit-pilot":
+        print("\n" + table(name, per_seed))
+        with open(os.path.join(out, f"{name}.md"), "w") as fh:
+            fh.write(table(name, per_seed) + "\n")
+    return summary
 
 
 # --- calibration: the meter of each critic on the base's held-out responses, before any RL ------------------------

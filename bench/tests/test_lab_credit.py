@@ -177,3 +177,12 @@ def test_a_kept_record_stands_for_run_folders_that_are_gone(tmp_path, monkeypatc
     (bad / "credit-s2.json").write_text(json.dumps({"seed": 3}))
     with pytest.raises(ValueError, match="not a per-seed record of seed 2"):
         lab_credit.measure("credit", 2, str(out), str(bad))
+
+
+def test_the_table_gives_each_arm_over_the_seeds_that_ran_it():
+    per_seed = [{"seed": s, "curves": {"V* lambda 0": {}, **({"NLL only": {}} if s == 0 else {})},
+                 "measures": {"V* lambda 0|corr": 1.0, "V* lambda 0|avg@2_gain": g, "NLL only|avg@2_gain": 0.3}}
+                for s, g in ((0, 0.2), (1, 0.3))]
+    rows = lab_credit.table("credit", per_seed).splitlines()
+    assert rows[2].startswith("| V\\* lambda 0 (0,1) | 1.000 +- 0.000 | - | - | +25.0 +- 5.0 |")
+    assert rows[3].startswith("| NLL only (0) | - | - | - | +30.0 | -") and len(rows) == 4
