@@ -348,8 +348,8 @@ def draw_credit(results: list[dict], path: str) -> None:
             lines.append(("line", [x for x, _ in sorted(curve)], [y for _, y in sorted(curve)], {"color": "0.5"}))
         panels.append({"title": title, "xlabel": "credit/corr (weighted correlation with V*'s A*)",
                        "ylabel": "gain, points", "custom": lines})
-    _draw_points(path, f"When a critic pays: gain against measured credit (mean +- SE over the seeds that ran each arm, "
-                       f"up to {len(results)}; the dashed line joins the oracles)", panels)
+    _draw_points(path, f"When a critic pays: gain against measured credit (mean +- SE over the seeds that ran each "
+                       f"arm, up to {len(results)}; the dashed line joins the oracles)", panels)
 
 
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
