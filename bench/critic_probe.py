@@ -90,6 +90,7 @@ def continue_from(engine: HFEngine, prefixes: list[list[int]], budgets: list[int
 
 
 def _var(x: list[float]) -> float:
+    """The population variance of x (NaN for fewer than 2 values)."""
     return statistics.pvariance(x) if len(x) > 1 else math.nan
 
 
@@ -107,6 +108,7 @@ def explained(target: list[float], estimate: list[float], noise: list[float], es
 
 
 def correlation(x: list[float], y: list[float]) -> float:
+    """Pearson's correlation of x and y; NaN where either does not vary."""
     if len(x) < 2 or _var(x) <= 1e-12 or _var(y) <= 1e-12:
         return math.nan
     return statistics.correlation(x, y)
