@@ -7,7 +7,8 @@ prediction (committed before any run), what would falsify it, and its results; P
                         [--extension] [--run [--jobs 2] | --report]   # with neither: print the planned vapo.py runs
     python bench/lab.py record -- VAPO.PY OPTIONS                     # one such run, writing its decisions.jsonl
     python bench/lab.py credit-calibration [--seeds 0 1 2] [--report]         # 8. when a critic pays: the meter
-    python bench/lab.py credit-pilot | credit | credit-hard [--seeds 0 1 2] [--run [--jobs 2] | --report]
+    python bench/lab.py credit-pilot | credit | credit-hard [--seeds 0 1 2] [--arms LABEL ...]
+                        [--run [--jobs 2] [--kept DIR] | --report]
     python bench/lab.py critic-fits [--seeds 0 1 2] [--report]                # 9. the learned critic on the curve
 
 Each experiment writes NAME.json (every seed's measures, their mean and SE over seeds, and the verdicts against the
@@ -420,7 +421,7 @@ def publish_seeds(name: str, args, out: str, make, sizes: dict, draw) -> dict | 
 
 def main(argv=None):
     from lab_analyses import ANALYSES, SIZES, run_analysis  # imported here, not at the top: both import this module
-    from lab_credit import CALIBRATION_SIZES, RL as CREDIT_RL, print_runs, report, run, run_calibration
+    from lab_credit import CALIBRATION_SIZES, RL as CREDIT_RL, arm_labels, print_runs, report, run, run_calibration
     from lab_critic import SIZES as FIT_SIZES, run_critic_fits
     from lab_rl import RL_JUDGES, print_rl_runs, record, report_rl, run_rl
     argv = sys.argv[1:] if argv is None else argv
@@ -446,6 +447,8 @@ def main(argv=None):
             p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
             p.add_argument("--kept", metavar="DIR", help="a folder of kept per-seed records NAME-sSEED.json (docs/lab "
                            "keeps the published ones): their arms are measured, not run again")
+            p.add_argument("--arms", nargs="+", metavar="LABEL", help="run (or print) only these arms, by their exact "
+                           "labels (for example 'NLL only'); the report still judges every arm measured")
         if name in RL_JUDGES:
             p.add_argument("--extension", action="store_true", help="also the page's extension arms")
             p.add_argument("--run", action="store_true", help="run them (resumable), then judge them")
@@ -459,11 +462,15 @@ def main(argv=None):
     if args.name == "critic-fits":
         return run_critic_fits(args, out)
     if args.name in CREDIT_RL:
+        try:
+            arm_labels(args.name, args.arms)
+        except ValueError as e:
+            ap.error(str(e))
         if args.run:
-            run(args.name, args.seeds, out, args.jobs, args.kept)
+            run(args.name, args.seeds, out, args.jobs, args.kept, args.arms)
         if args.run or args.report:
             return report(args.name, args.seeds, out, args.kept)
-        return print_runs(args.name, args.seeds, out)
+        return print_runs(args.name, args.seeds, out, args.arms)
     if args.run:
         run_rl(args.name, args.seeds, out, args.extension, args.jobs)
     if args.run or args.report:

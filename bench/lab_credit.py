@@ -129,10 +129,23 @@ def from_pilot(seed: int, out: str) -> bool:
     return True
 
 
-def run(name: str, seeds: list[int], out: str, jobs: int, kept: str | None = None) -> None:
-    """The experiment's vapo.py runs, `jobs` at a time with one thread each (common.run_vapo: resumable), but those
-    whose arm a kept record of its seed already measured (kept_record); the curve's V* lambda 0 made from the
-    pilot's run where it has the seed (from_pilot)."""
+def arm_labels(name: str, arms: list[str] | None) -> list[str]:
+    """The experiment's arms that `arms` names (--arms: exact labels), all of them if None; an unknown label is an
+    error that lists the experiment's labels."""
+    labels = [label for label, _ in RL[name]]
+    unknown = [a for a in arms or [] if a not in labels]
+    if unknown:
+        raise ValueError(f"{name} has no arm {', '.join(map(repr, unknown))}; its arms: "
+                         f"{', '.join(map(repr, labels))}")
+    return [label for label in labels if arms is None or label in arms]
+
+
+def run(name: str, seeds: list[int], out: str, jobs: int, kept: str | None = None,
+        arms: list[str] | None = None) -> None:
+    """The experiment's vapo.py runs (only those of `arms` if given: arm_labels), `jobs` at a time with one thread
+    each (common.run_vapo: resumable), but those whose arm a kept record of its seed already measured (kept_record);
+    the curve's V* lambda 0 made from the pilot's run where it has the seed (from_pilot)."""
+    wanted = set(arm_labels(name, arms))
     done = set()
     for seed in seeds:
         record, path = kept_record(name, seed, out, kept)
@@ -142,17 +155,18 @@ def run(name: str, seeds: list[int], out: str, jobs: int, kept: str | None = Non
         done |= {(seed, a) for a in arms}
     if name == "credit":
         for seed in seeds:
-            if (seed, "V* lambda 0") not in done:
+            if (seed, "V* lambda 0") not in done and "V* lambda 0" in wanted:
                 from_pilot(seed, out)
-    todo = [r for seed in seeds for r in runs(name, [seed], out) if (seed, r[0]) not in done]
+    todo = [r for seed in seeds for r in runs(name, [seed], out) if (seed, r[0]) not in done and r[0] in wanted]
     print(f"{common.now()}, {common.machine()}: lab {name}, {len(todo)} runs, {jobs} at a time, into {out}",
           flush=True)
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda r: common.run_vapo(f"{r[0]}, {r[1]}", r[2], r[1]), todo))
 
 
-def print_runs(name: str, seeds: list[int], out: str) -> None:
-    for label, folder, options in runs(name, seeds, out):
+def print_runs(name: str, seeds: list[int], out: str, arms: list[str] | None = None) -> None:
+    wanted = set(arm_labels(name, arms))
+    for label, folder, options in (r for r in runs(name, seeds, out) if r[0] in wanted):
         print(f"{label}:\n  python vapo.py {' '.join(options)}")
     print("(printed only: --run runs them, --report judges the finished ones; this claims no result)")
 

@@ -186,3 +186,19 @@ def test_the_table_gives_each_arm_over_the_seeds_that_ran_it():
     rows = lab_credit.table("credit", per_seed).splitlines()
     assert rows[2].startswith("| V\\* lambda 0 (0,1) | 1.000 +- 0.000 | - | - | +25.0 +- 5.0 |")
     assert rows[3].startswith("| NLL only (0) | - | - | - | +30.0 | -") and len(rows) == 4
+
+
+def test_arms_runs_only_the_named_arms_and_names_an_unknown_one(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(common, "run_vapo", lambda label, args, folder: ran.append(folder))
+    lab_credit.run("credit", [3, 4], str(tmp_path), 1, arms=["NLL only", "GRPO token-level"])
+    assert sorted(os.path.basename(f) for f in ran) == ["grpo-token-level-s3", "grpo-token-level-s4",
+                                                        "nll-only-s3", "nll-only-s4"]
+    with pytest.raises(ValueError, match="credit-hard has no arm 'MC 4 lambda 0'; its arms: 'V\\* lambda 0'"):
+        lab_credit.arm_labels("credit-hard", ["MC 4 lambda 0"])
+    with pytest.raises(SystemExit):
+        lab.main(["credit", "--arms", "NLL", "--seeds", "3"])
+    assert "credit has no arm 'NLL'" in capsys.readouterr().err
+    lab.main(["credit", "--arms", "V* lambda 1", "--seeds", "3", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert printed.count("python vapo.py") == 1 and "--lam-policy-fixed 1" in printed
