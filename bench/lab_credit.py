@@ -334,6 +334,19 @@ def add_crossings(per_seed: list[dict]) -> None:
                 m[f"crossing|{b}"] = crossing(points, m[f"{b}|avg@2_gain"])
 
 
+def crossing_notes(per_seed: list[dict]) -> list[str]:
+    """Per baseline, on how many of the seeds with a curve the oracles' curve reaches its gain: the mean and SE of
+    `crossing|BASELINE` are over those seeds only, so a crossing that one seed of three reaches says so."""
+    notes = []
+    for b in BASELINES:
+        values = [r["measures"][f"crossing|{b}"] for r in per_seed if f"crossing|{b}" in r["measures"]]
+        reached = [v for v in values if v == v]
+        if values:
+            notes.append(f"the oracles' curve reaches {b}'s gain on {len(reached)} of {len(values)} seeds"
+                         + (f" (at credit {', '.join(f'{v:.2f}' for v in reached)})" if reached else ""))
+    return notes
+
+
 def draw_credit(results: list[dict], path: str) -> None:
     """Final gain of avg@2 against measured credit: the oracles (points with SE bars), the learned critics, and the
     baselines as horizontal bands; beside it the same for the greedy gain on 31-40-step problems."""
@@ -454,10 +467,13 @@ def report(name: str, seeds: list[int], out: str, kept: str | None = None) -> di
     unfinished = {r["seed"]: r["unfinished"] for r in per_seed if r["unfinished"]}
     if unfinished:
         print(f"unfinished runs (their arms not measured): {unfinished}")
+    crossed = []
     if name == "credit":
         add_crossings(per_seed)
+        crossed = crossing_notes(per_seed)
+        print("\n".join(crossed))
     notes = ["one seed: no standard error, no verdict" if len(per_seed) < 2 else "",
-             f"unfinished runs left out: {unfinished}" if unfinished else ""]
+             f"unfinished runs left out: {unfinished}" if unfinished else "", *crossed]
     summary = publish(name, per_seed, out, draw_credit if name == "credit" else draw_runs,
                       "; ".join(n for n in notes if n), seeds=[r["seed"] for r in per_seed], per_seed=per_seed)
     if name != "credit-pilot":

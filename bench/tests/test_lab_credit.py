@@ -48,6 +48,11 @@ def test_the_crossing_is_where_the_curve_reaches_the_level():
     assert lab_credit.crossing(points, 0.15) == pytest.approx(0.6)  # between (0.5, 0.10) and (0.7, 0.20)
     assert lab_credit.crossing(points, 0.05) == 0.5  # above the level everywhere: the lowest credit
     assert math.isnan(lab_credit.crossing(points, 0.4))  # never reached
+    per_seed = [{"measures": {"crossing|GRPO token-level": 0.6, "crossing|NLL only": c}} for c in (math.nan, 0.95)]
+    per_seed.append({"measures": {}})  # a seed without every oracle: no curve
+    assert lab_credit.crossing_notes(per_seed) == [
+        "the oracles' curve reaches GRPO token-level's gain on 2 of 2 seeds (at credit 0.60, 0.60)",
+        "the oracles' curve reaches NLL only's gain on 1 of 2 seeds (at credit 0.95)"]
 
 
 def write_run(folder, start: float, end: float, corr: float, steps: int = 3):
