@@ -217,11 +217,18 @@ def dataclasses_replace(cfg, **changes):
     return dataclasses.replace(cfg, **changes)
 
 
-def never_solved(out: str, candidates: int = 160, samples: int = 16, keep: int = 48) -> list[dict]:
+def never_solved(out: str, candidates: int = 160, samples: int = 16, keep: int = 48,
+                 kept: str | None = None) -> list[dict]:
     """Held-out problems of 21-40 steps that the base policy answers right in none of `samples` samples at T 1 (the
     first `keep` of them, among `candidates` of those steps): the set on which pass@8 asks whether training on hard
-    problems found anything new. Cached in out/never-solved.json."""
+    problems found anything new. Cached in out/never-solved.json; taken from kept/credit-hard-never-solved.json where
+    that is kept (the set is drawn by sampling, and another CPU's kernels can draw another set: a kept record's pass@8
+    is only comparable on the set it was measured on)."""
     cache = os.path.join(out, "never-solved.json")
+    published = os.path.join(kept, "credit-hard-never-solved.json") if kept else None
+    if not os.path.exists(cache) and published and os.path.exists(published):
+        os.makedirs(out, exist_ok=True)
+        shutil.copyfile(published, cache)
     if os.path.exists(cache):
         return common.read_json(cache)["problems"]
     rows = [r for r in task.make_dataset(4 * candidates, 7, 21, 40, split="eval")][:candidates]
@@ -248,6 +255,26 @@ def pass_at(folder: str, problems: list[dict], k: int = 8) -> float:
                           zip(rollout.texts, rollout.prompt_index)]).view(len(problems), k).any(1)
     value = float(right.float().mean())
     common.write_json(cache, {"pass": value, "k": k, "problems": len(problems)})
+    return value
+
+
+LONG_CHAINS = 100  # held-out problems of 21-40 steps on which long_chain_errors reads a policy's misreads
+
+
+def long_chain_errors(folder: str, problems: int = LONG_CHAINS) -> dict:
+    """A run's final policy, greedy, on the first `problems` held-out problems of 21-40 steps (task.evaluate_accuracy):
+    its accuracy, its misreads per step (an operand read wrong: lookup_rate), the share of responses whose first error
+    is a misread, and the borrow habit's rate. Cached in the run folder."""
+    cache = os.path.join(folder, "long-chain-errors.json")
+    if os.path.exists(cache):
+        return common.read_json(cache)
+    policy, tokenizer = load_policy(os.path.join(folder, "checkpoint", "policy"), dtype=torch.float32)
+    rows = task.make_dataset(problems, 0, 21, 40, split="eval")
+    acc = task.evaluate_accuracy(policy, tokenizer, rows, 0.0, max_new_tokens=task.LONG.max_response_tokens,
+                                 batch_size=50)
+    value = {"accuracy": acc["accuracy"], "misreads": acc["steps"]["lookup_rate"],
+             "first_misread": acc["first_errors"]["misread"], "habit": acc["steps"]["habit_rate"], "problems": problems}
+    common.write_json(cache, value)
     return value
 
 
@@ -278,13 +305,15 @@ def measure(name: str, seed: int, out: str, kept: str | None = None) -> dict | N
     for label, folder in arms:
         if common.finished(folder):
             if name == "credit-hard" and hard is None:
-                hard = never_solved(out)
+                hard = never_solved(out, kept=kept)
             m |= run_measures(folder, label)
             if name == "credit-pilot":
                 v = validation(folder)
                 m[f"{label}|validation"] = (v["greedy"] + v["avg@2"]) / 2
             if hard is not None:
                 m[f"{label}|pass8_never_solved"] = pass_at(folder, hard)
+                errors = long_chain_errors(folder)
+                m |= {f"{label}|{k}_21-40": errors[k] for k in ("accuracy", "misreads", "first_misread", "habit")}
             steps = common.rl_steps(common.read_records(folder))
             curves[label] = {"credit": [r.get("credit/corr", math.nan) for r in steps],
                              "first_error": [r.get("credit/first_error", math.nan) for r in steps],
@@ -422,7 +451,23 @@ def draw_runs(results: list[dict], path: str) -> None:
         lines.append((list(range(1, n + 1)), [statistics.mean(x for x in col if x == x) if any(x == x for x in col)
                                                else math.nan for col in zip(*[row[:n] for row in rows])],
                       "-", {"label": a, "color": f"C{i}"}))
-    draw(path, "credit/corr over the RL steps", [{"title": "credit/corr", "xlabel": "RL step", "lines": lines}])
+    panels = [{"title": "credit/corr (mean over seeds)", "xlabel": "RL step", "lines": lines}]
+    if any(f"{a}|pass8_never_solved" in r["measures"] for r in results for a in arms):  # the hard rows' outcomes
+        def bars(keys):
+            out = []
+            for a in arms:
+                cells = [_mean_se([100 * r["measures"][f"{a}|{k}"] for r in results if f"{a}|{k}" in r["measures"]])
+                         for k in keys]
+                out.append((a, [c[0] for c in cells], [c[1] for c in cells]))
+            return out
+        panels += [{"title": "greedy accuracy at the end, by step count (%)", "xlabel": "steps",
+                    "bars": (STEP_BANDS, bars([f"greedy_steps_{b}_end" for b in STEP_BANDS]))},
+                   {"title": "pass@8 on problems the base never solved (%)",
+                    "bars": (("21-40 steps",), bars(["pass8_never_solved"]))},
+                   {"title": "greedy misreads per step, 21-40 steps (%)",
+                    "bars": (("21-40 steps",), bars(["misreads_21-40"]))}]
+    draw(path, "credit/corr over the RL steps" + (", and the hard rows' outcomes (mean +- SE over seeds)"
+                                                   if len(panels) > 1 else ""), panels)
 
 
 TABLE = [("credit/corr over RL", "corr", 1, 3), ("credit at the first error (sd)", "first_error", 1, 2),
@@ -432,21 +477,28 @@ TABLE = [("credit/corr over RL", "corr", 1, 3), ("credit at the first error (sd)
          ("critic's EV of V*", "ev_critic_exact", 1, 2), ("... inside responses", "ev_critic_within", 1, 2)]
 
 
+TABLES = {"credit-hard": TABLE[:7] + [("pass@8, never solved", "pass8_never_solved", 100, 1),
+                                      ("greedy, 21-40 steps", "accuracy_21-40", 100, 1),
+                                      ("misreads per step, 21-40", "misreads_21-40", 100, 2),
+                                      ("first error a misread, 21-40", "first_misread_21-40", 100, 1)] + TABLE[7:]}
+
+
 def table(name: str, per_seed: list[dict]) -> str:
     """The experiment's markdown table: each arm's measures, mean +- SE over the seeds that ran it (their number
     beside the arm), gains in points; "-" where an arm has no such measure."""
-    rows = ["| arm (seeds) | " + " | ".join(h.replace("|", "\\|") for h, *_ in TABLE) + " |",
-            "|---" * (len(TABLE) + 1) + "|"]
+    columns = TABLES.get(name, TABLE)
+    rows = ["| arm (seeds) | " + " | ".join(h.replace("|", "\\|") for h, *_ in columns) + " |",
+            "|---" * (len(columns) + 1) + "|"]
     for arm, _ in RL[name]:
         ran = [r for r in per_seed if arm in r.get("curves", {})]
         if not ran:
             continue
         cells = []
-        for _, key, scale, digits in TABLE:
+        for _, key, scale, digits in columns:
             v = [r["measures"][f"{arm}|{key}"] * scale for r in ran
                  if r["measures"].get(f"{arm}|{key}", math.nan) == r["measures"].get(f"{arm}|{key}")]
             mean, se = _mean_se(v)
-            sign = "+" if scale == 100 else ""
+            sign = "+" if key.endswith("_gain") else ""  # a gain carries its sign; a level (pass@8, a rate) none
             cells.append("-" if not v else f"{mean:{sign}.{digits}f}" + (f" +- {se:.{digits}f}" if len(v) > 1 else ""))
         seeds = ",".join(str(r["seed"]) for r in ran)
         rows.append(f"| {arm.replace('*', chr(92) + '*')} ({seeds}) | " + " | ".join(cells) + " |")

@@ -207,3 +207,42 @@ def test_arms_runs_only_the_named_arms_and_names_an_unknown_one(tmp_path, monkey
     lab.main(["credit", "--arms", "V* lambda 1", "--seeds", "3", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert printed.count("python vapo.py") == 1 and "--lam-policy-fixed 1" in printed
+
+
+def test_the_hard_rows_report_reads_the_kept_never_solved_set_and_each_runs_long_chain_errors(tmp_path, monkeypatch):
+    """credit-hard on made-up runs: the never-solved set comes from the kept folder (no base model is sampled), each
+    run's pass@8 and long-chain errors from its cached measures; the table has them as levels (no sign), the figure
+    is drawn, and the pass@8 prediction is judged on them."""
+    kept, out = tmp_path / "kept", tmp_path / "out"
+    kept.mkdir()
+    problems = [{"prompt": "Compute: 1 a+1\n", "answer": "2", "n_steps": 21}]
+    (kept / "credit-hard-never-solved.json").write_text(json.dumps({"problems": problems}))
+    monkeypatch.setattr(lab_credit, "load_policy", lambda *a, **k: pytest.fail("nothing is sampled here"))
+    passes = {"V* lambda 0": 0.5, "GRPO token-level": 0.25, "NLL only": 0.3, "VAPO mu 0 (learned critic)": 0.3}
+    for seed in (0, 1):
+        for label, folder, _ in lab_credit.runs("credit-hard", [seed], str(out)):
+            write_run(folder, 0.2, 0.3, 0.5)
+            with open(os.path.join(folder, "pass8-never-solved.json"), "w") as fh:
+                json.dump({"pass": passes[label] + 0.01 * seed}, fh)
+            with open(os.path.join(folder, "long-chain-errors.json"), "w") as fh:
+                json.dump({"accuracy": 0.4, "misreads": 0.012, "first_misread": 0.25, "habit": 0.1}, fh)
+    summary = lab_credit.report("credit-hard", [0, 1], str(out), str(kept))
+    assert lab_credit.never_solved(str(out)) == problems  # copied into out's cache
+    verdicts = [v for text, v in summary["verdicts"] if text.startswith("3.")]
+    assert verdicts == ["confirmed"]
+    table = (out / "credit-hard.md").read_text().splitlines()
+    assert "pass@8, never solved" in table[0] and "misreads per step, 21-40" in table[0]
+    assert "| 50.5 +- 0.5 | 40.0 +- 0.0 | 1.20 +- 0.00 | 25.0 +- 0.0 |" in table[2]  # V* lambda 0: levels, unsigned
+    assert table[2].startswith("| V\\* lambda 0 (0,1) | 0.500 +- 0.000 | -1.00 +- 0.00 | 0.10 +- 0.00 | +10.0 +- 0.0")
+    assert (out / "credit-hard.png").stat().st_size > 0
+
+
+def test_long_chain_errors_reads_a_policy_once(tmp_path, monkeypatch):
+    """A shipped long-chain policy as a run's checkpoint: accuracy and rates are shares, the count is the one asked
+    for, and the second call reads the cache without loading the policy."""
+    folder = tmp_path / "run"
+    shutil.copytree(common.folder_of("builtin-long"), folder / "checkpoint" / "policy")
+    first = lab_credit.long_chain_errors(str(folder), problems=2)
+    assert first["problems"] == 2 and all(0 <= first[k] <= 1 for k in ("accuracy", "misreads", "first_misread", "habit"))
+    monkeypatch.setattr(lab_credit, "load_policy", lambda *a, **k: pytest.fail("read from the cache"))
+    assert lab_credit.long_chain_errors(str(folder), problems=2) == first
