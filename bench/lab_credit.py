@@ -263,8 +263,9 @@ LONG_CHAINS = 100  # held-out problems of 21-40 steps on which long_chain_errors
 
 def long_chain_errors(folder: str, problems: int = LONG_CHAINS) -> dict:
     """A run's final policy, greedy, on the first `problems` held-out problems of 21-40 steps (task.evaluate_accuracy):
-    its accuracy, its misreads per step (an operand read wrong: lookup_rate), the share of responses whose first error
-    is a misread, and the borrow habit's rate. Cached in the run folder."""
+    its accuracy, its misreads per line written (a line whose label, sign or term is not the prompt's: lookup_rate; a
+    skipped term shifts every later line), the share of responses whose first error is a misread, and the borrow
+    habit's rate. Cached in the run folder."""
     cache = os.path.join(folder, "long-chain-errors.json")
     if os.path.exists(cache):
         return common.read_json(cache)
@@ -464,7 +465,7 @@ def draw_runs(results: list[dict], path: str) -> None:
                     "bars": (STEP_BANDS, bars([f"greedy_steps_{b}_end" for b in STEP_BANDS]))},
                    {"title": "pass@8 on problems the base never solved (%)",
                     "bars": (("21-40 steps",), bars(["pass8_never_solved"]))},
-                   {"title": "greedy misreads per step, 21-40 steps (%)",
+                   {"title": "greedy misreads, % of lines, 21-40 steps",
                     "bars": (("21-40 steps",), bars(["misreads_21-40"]))}]
     draw(path, "credit/corr over the RL steps" + (", and the hard rows' outcomes (mean +- SE over seeds)"
                                                    if len(panels) > 1 else ""), panels)
@@ -479,7 +480,7 @@ TABLE = [("credit/corr over RL", "corr", 1, 3), ("credit at the first error (sd)
 
 TABLES = {"credit-hard": TABLE[:7] + [("pass@8, never solved", "pass8_never_solved", 100, 1),
                                       ("greedy, 21-40 steps", "accuracy_21-40", 100, 1),
-                                      ("misreads per step, 21-40", "misreads_21-40", 100, 2),
+                                      ("misreads, % of lines, 21-40", "misreads_21-40", 100, 2),
                                       ("first error a misread, 21-40", "first_misread_21-40", 100, 1)] + TABLE[7:]}
 
 

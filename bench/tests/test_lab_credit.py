@@ -231,7 +231,7 @@ def test_the_hard_rows_report_reads_the_kept_never_solved_set_and_each_runs_long
     verdicts = [v for text, v in summary["verdicts"] if text.startswith("3.")]
     assert verdicts == ["confirmed"]
     table = (out / "credit-hard.md").read_text().splitlines()
-    assert "pass@8, never solved" in table[0] and "misreads per step, 21-40" in table[0]
+    assert "pass@8, never solved" in table[0] and "misreads, % of lines, 21-40" in table[0]
     assert "| 50.5 +- 0.5 | 40.0 +- 0.0 | 1.20 +- 0.00 | 25.0 +- 0.0 |" in table[2]  # V* lambda 0: levels, unsigned
     assert table[2].startswith("| V\\* lambda 0 (0,1) | 0.500 +- 0.000 | -1.00 +- 0.00 | 0.10 +- 0.00 | +10.0 +- 0.0")
     assert (out / "credit-hard.png").stat().st_size > 0
